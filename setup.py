@@ -1,0 +1,32 @@
+"""tf_dpadam: bias-corrected DP-Adam for TensorFlow / Keras 3."""
+
+import setuptools
+
+setuptools.setup(
+    name="tf_dpadam",
+    version="0.1.0",
+    description=(
+        "Differentially private training for Keras 3 with the bias-corrected"
+        " DP-Adam of Tang & Lecuyer (DP-AdamBC)."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=setuptools.find_packages(include=["tf_dpadam", "tf_dpadam.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.16",
+        "keras>=3.0",
+        "dp-accounting>=0.4.3",
+        "absl-py",
+        "numpy",
+    ],
+    extras_require={
+        "tests": ["pytest", "scipy"],
+        "examples": [
+            "tensorflow-datasets",
+            "keras-hub",
+            "matplotlib",
+        ],
+    },
+)
