@@ -1,0 +1,144 @@
+"""The DP-Adam math, in small functions you can read next to the paper.
+
+Notation (Tang & Lecuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment
+Estimation"): C is the per-example clipping norm (`l2_norm_clip`), sigma the
+noise multiplier, B the public denominator (the expected or logical batch
+size). One DP step privatizes the gradient as
+
+        g_tilde = (sum_i clip(g_i, C) + z) / B,    z ~ N(0, sigma^2 C^2 I),
+
+and the noise adds Phi = (sigma C / B)^2 to the expectation of every coordinate
+of Adam's bias-corrected second moment v_hat. The corrected update is
+
+        theta <- theta - lr * m_hat / sqrt(max(v_hat - Phi, gamma')).
+
+These functions use `keras.ops` only, so they accept NumPy arrays and tensors
+alike and carry no Keras state.
+"""
+
+import dataclasses
+import math
+import numbers
+
+from keras import ops
+
+# The fraction of Phi used as gamma' when `epsilon=None`. Both of the paper's
+# settings use gamma' of about 0.04 * Phi (CIFAR-10: Phi = 2.4e-7 and
+# gamma' = 1e-8; SNLI: Phi = 2.44e-8 and gamma' = 1e-9).
+DEFAULT_GAMMA_OVER_PHI = 0.04
+# The floor of the default gamma' when Phi is (close to) zero, i.e. without
+# noise; as a floor inside the square root it matches Keras Adam's 1e-7 outside.
+MIN_DEFAULT_GAMMA = 1e-14
+
+
+def _check(condition, name, value, expectation):
+    if not condition:
+        raise ValueError(f"Expected {name}={value!r} {expectation}.")
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+    """The public DP hyperparameters of one privatized step.
+
+    Attributes:
+        l2_norm_clip: C, the bound on each example's gradient L2 norm (global over
+            all trainable variables).
+        noise_multiplier: sigma; the Gaussian noise has std sigma * C.
+        batch_size: B, the denominator. `None` means the number of examples in
+            the step; an int is a public constant (the expected batch size under
+            Poisson sampling, or the logical batch size).
+    """
+
+    l2_norm_clip: float
+    noise_multiplier: float
+    batch_size: int | None = None
+
+    def __post_init__(self):
+        c = self.l2_norm_clip
+        _check(_is_real(c) and math.isfinite(c) and c > 0, "l2_norm_clip", c,
+                      "to be a finite number > 0")
+        s = self.noise_multiplier
+        _check(_is_real(s) and math.isfinite(s) and s >= 0, "noise_multiplier", s,
+                      "to be a finite number >= 0")
+        b = self.batch_size
+        if b is not None:
+            _check(isinstance(b, numbers.Integral) and not isinstance(b, bool) and b > 0,
+                          "batch_size", b, "to be None or an int > 0")
+        if b is not None:
+            object.__setattr__(self, "batch_size", int(b))
+        object.__setattr__(self, "l2_norm_clip", float(c))
+        object.__setattr__(self, "noise_multiplier", float(s))
+
+    @property
+    def noise_stddev(self):
+        """sigma * C, the std of the noise added once to the clipped sum."""
+        return noise_stddev(self.l2_norm_clip, self.noise_multiplier)
+
+    def denominator(self, num_examples):
+        """B: `batch_size` if set, else `num_examples` (the examples in the step)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return num_examples
+
+
+def check_beta(name, value):
+    _check(_is_real(value) and 0 <= value < 1, name, value, "to be in [0, 1)")
+
+
+def check_positive(name, value):
+    _check(_is_real(value) and math.isfinite(value) and value > 0, name, value,
+                  "to be a finite number > 0")
+
+
+def check_non_negative(name, value):
+    _check(_is_real(value) and math.isfinite(value) and value >= 0, name, value,
+                  "to be a finite number >= 0")
+
+
+def noise_stddev(l2_norm_clip, noise_multiplier):
+    """The std of the Gaussian noise added to the sum of clipped gradients."""
+    return noise_multiplier * l2_norm_clip
+
+
+def noise_variance_phi(l2_norm_clip, noise_multiplier, denominator):
+    """Phi = (sigma C / B)^2, the noise's bias in E[v_hat], per coordinate."""
+    return (noise_multiplier * l2_norm_clip / denominator) ** 2
+
+
+def default_gamma(phi):
+    """gamma' for `epsilon=None`: 0.04 * Phi, floored at `MIN_DEFAULT_GAMMA`."""
+    return ops.maximum(DEFAULT_GAMMA_OVER_PHI * phi, MIN_DEFAULT_GAMMA)
+
+
+def per_example_global_norms(per_example_grads):
+    """L2 norm of each example's gradient over all variables.
+
+    Sums squares directly instead of `tf.linalg.global_norm`, which is built on
+    L2Loss and is not vectorized (it silently becomes a loop inside pfor).
+
+    Args:
+        per_example_grads: list of tensors with a leading example axis.
+
+    Returns:
+        A vector of one norm per example.
+    """
+    total = 0.0
+    for g in per_example_grads:
+        g = ops.cast(g, "float32")
+        total = total + ops.sum(ops.square(ops.reshape(g, (ops.shape(g)[0], -1))),
+                                                        axis=1)
+    return ops.sqrt(total)
+
+
+def clip_factors(norms, l2_norm_clip):
+    """min(1, C / ||g_i||), written so that a zero gradient gives 1, not nan."""
+    return l2_norm_clip / ops.maximum(norms, l2_norm_clip)
+
+
+def corrected_adam_direction(m_hat, v_hat, phi, gamma):
+    """m_hat / sqrt(max(v_hat - Phi, gamma')), the paper's Algorithm 1 step."""
+    return m_hat / ops.sqrt(ops.maximum(v_hat - phi, gamma))

@@ -1,0 +1,186 @@
+"""`make_private`: a Keras model whose train step is differentially private.
+
+The returned model wraps the user's model (same layers, same weight objects)
+and replaces only `train_step`: per-example gradients, clipping to C, one
+Gaussian noise draw of std sigma * C, division by B, then the optimizer. C,
+sigma and B come from the compiled tf_dpadam optimizer. Evaluation,
+prediction, metrics, callbacks and saving are Keras' own.
+"""
+
+import warnings
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from tf_dpadam import optimizers as dp_optimizers
+from tf_dpadam import privatizer
+
+# Layers that mix the examples of a batch while training: with them one
+# example's gradient depends on the others, so per-example clipping does not
+# bound one example's influence.
+_EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
+
+
+def check_no_example_mixing(model):
+    """Raises if a trainable layer of `model` mixes examples in training.
+
+    A frozen BatchNormalization (`trainable=False`) runs in inference mode in
+    Keras 3 and is allowed.
+
+    Raises:
+        ValueError: naming the first offending layer.
+    """
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, _EXAMPLE_MIXING_LAYERS) and layer.trainable:
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) mixes the"
+                " examples of a batch in training, so per-example clipping"
+                " would not bound one example's influence and training would"
+                " not be differentially private. Replace it (for instance by"
+                " LayerNormalization or GroupNormalization) or freeze it"
+                " (`layer.trainable = False` runs it in inference mode)."
+            )
+
+
+def _require_dp_optimizer(optimizer):
+    if not dp_optimizers.is_dp_optimizer(optimizer):
+        raise ValueError(
+            "A model made private needs a tf_dpadam optimizer (DPSGD, DPAdam"
+            " or DPAdamCorrected), which carries l2_norm_clip and"
+            f" noise_multiplier. Received optimizer={optimizer!r}."
+        )
+
+
+@keras.saving.register_keras_serializable(package="tf_dpadam")
+class PrivateModel(keras.Model):
+    """A model whose `fit` privatizes each step; see `make_private`."""
+
+    def __init__(self, base_model, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(base_model, keras.Model):
+            raise ValueError(
+                f"Expected base_model to be a keras.Model, got {base_model!r}."
+            )
+        if isinstance(base_model, PrivateModel):
+            raise ValueError("Expected base_model not to be private already.")
+        check_no_example_mixing(base_model)
+        self.base_model = base_model
+        self.seed = seed
+        self.noise_seed_generator = keras.random.SeedGenerator(
+            seed, name="dp_noise_seed"
+        )
+        if base_model.built:
+            self.built = True
+
+    def call(self, inputs, training=None):
+        return self.base_model(inputs, training=training)
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        optimizer = keras.optimizers.get(optimizer)
+        _require_dp_optimizer(optimizer)
+        super().compile(optimizer, *args, **kwargs)
+
+    def compile_from_config(self, config):
+        # Keras skips models that override `compile`; ours only adds a check.
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # Phase 0: the loss of one example (a batch of one).
+    def _example_loss(self, x, y, sample_weight):
+        y_pred = self(x, training=True)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        return loss, y_pred
+
+    def _per_example_gradients(self, x, y, sample_weight, variables):
+        compile_loss = self._compile_loss
+        # Per-output loss metrics (multi-output models) are updated once on
+        # the batch below, not per example inside the vectorized map.
+        saved_metrics = None
+        if compile_loss is not None and getattr(compile_loss, "_metrics", None):
+            saved_metrics, compile_loss._metrics = compile_loss._metrics, []
+        try:
+            return privatizer.per_example_gradients(
+                self._example_loss, variables, (x, y, sample_weight)
+            )
+        finally:
+            if saved_metrics is not None:
+                compile_loss._metrics = saved_metrics
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        optimizer = self.optimizer
+        _require_dp_optimizer(optimizer)
+        check_no_example_mixing(self.base_model)
+        config = optimizer.dp_config
+        variables = self.trainable_variables
+        if not variables:
+            warnings.warn("The model does not have any trainable weights.")
+        num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
+
+        grads, losses, y_pred = self._per_example_gradients(
+            x, y, sample_weight, variables
+        )
+        summed, _ = privatizer.clip_and_sum(grads, config.l2_norm_clip)
+        noised = privatizer.add_noise(
+            summed, config.noise_stddev, self.noise_seed_generator
+        )
+        denominator = config.denominator(num_examples)
+        private_grads = privatizer.scale(noised, denominator)
+        if variables:
+            optimizer.apply_private(private_grads, variables, denominator)
+
+        if self._compile_loss is not None and self._compile_loss.metrics:
+            self._compile_loss(y, y_pred, sample_weight)
+        self._loss_tracker.update_state(
+            ops.mean(losses), sample_weight=num_examples
+        )
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "seed": self.seed,
+            "base_model": keras.saving.serialize_keras_object(self.base_model),
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        base_model = keras.saving.deserialize_keras_object(
+            config.pop("base_model"), custom_objects=custom_objects
+        )
+        return cls(base_model, **config)
+
+
+def make_private(model, *, seed=None):
+    """Returns a model whose `fit` is differentially private.
+
+    The result wraps `model` (the same layers and weight objects) and
+    replaces its train step: for each batch it computes every example's
+    gradient (vectorized), clips each to global L2 norm `l2_norm_clip`, sums,
+    adds N(0, (noise_multiplier * l2_norm_clip)^2) once, divides by B and hands
+    that gradient to the optimizer. The DP hyperparameters come from the
+    optimizer given to `compile`, which must be `DPSGD`, `DPAdam` or
+    `DPAdamCorrected`. The compiled loss is applied to one example at a time:
+    use the usual reduction, not `reduction=None`.
+
+    Args:
+        model: any Keras 3 model (Sequential, functional or subclassed). It
+            must not contain a trainable layer that mixes examples in training
+            (BatchNormalization).
+        seed: optional int seeding the noise generator (its state is saved
+            with the model). `None` draws a random seed.
+
+    Returns:
+        A `PrivateModel`.
+
+    Raises:
+        ValueError: if a layer mixes examples (the layer is named).
+    """
+    return PrivateModel(model, seed=seed, name=f"private_{model.name}")

@@ -1,0 +1,105 @@
+"""The phases of one DP step: per-example gradients, clip and sum, noise, scale.
+
+Each phase is a function of its own so that a variant (another way to get
+per-example gradients, accumulation over micro-batches, replicas) replaces one
+phase and keeps the others:
+
+1. `per_example_gradients`: one gradient per example, vectorized with
+   `tf.vectorized_map` (no Python loop over examples; XLA-compilable).
+2. `clip_and_sum`: clip each example's gradient to global L2 norm C and sum.
+3. `add_noise`: add N(0, (sigma C)^2 I) once to the sum.
+4. `scale`: divide by the public denominator B.
+"""
+
+import tensorflow as tf
+from keras import ops
+from keras import random as keras_random
+
+from tf_dpadam import dp_math
+
+
+def _add_batch_axis(structure):
+    return tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), structure)
+
+
+def _drop_batch_axis(structure):
+    return tf.nest.map_structure(lambda t: t[0], structure)
+
+
+def per_example_gradients(example_loss_fn, variables, examples):
+    """Gradients of each example's loss, vectorized over the batch.
+
+    Args:
+        example_loss_fn: `f(*example) -> (loss, aux)` on one example that has a
+            batch axis of size 1; `loss` is a scalar and `aux` a structure of
+            tensors with that batch axis (for instance the predictions).
+        variables: the variables to differentiate.
+        examples: a tuple of structures of tensors with a leading example axis
+            (use `None` for absent entries such as sample weights).
+
+    Returns:
+        `(grads, losses, aux)`: a list with one `[batch, *var.shape]` tensor
+        per variable (zeros where a variable does not affect the loss), the
+        per-example losses `[batch]` and the stacked `aux`.
+    """
+    present = [i for i, e in enumerate(examples) if e is not None]
+
+    def one_example(packed):
+        example = [None] * len(examples)
+        for i, e in zip(present, packed):
+            example[i] = _add_batch_axis(e)
+        with tf.GradientTape() as tape:
+            loss, aux = example_loss_fn(*example)
+        grads = tape.gradient(
+            loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        return grads, loss, _drop_batch_axis(aux)
+
+    packed = tuple(examples[i] for i in present)
+    return tf.vectorized_map(one_example, packed, fallback_to_while_loop=True)
+
+
+def clip_and_sum(per_example_grads, l2_norm_clip):
+    """Clips each example's gradient to global L2 norm C, then sums.
+
+    Args:
+        per_example_grads: list of `[batch, ...]` tensors, one per variable.
+        l2_norm_clip: C.
+
+    Returns:
+        `(summed, norms)`: the list of sums of clipped gradients and the
+        per-example norms before clipping.
+    """
+    norms = dp_math.per_example_global_norms(per_example_grads)
+    factors = dp_math.clip_factors(norms, l2_norm_clip)
+    summed = [
+        tf.tensordot(ops.cast(factors, g.dtype), g, axes=[[0], [0]])
+        for g in per_example_grads
+    ]
+    return summed, norms
+
+
+def add_noise(grads, stddev, seed):
+    """Adds N(0, stddev^2) noise to every coordinate, once.
+
+    Args:
+        grads: list of tensors.
+        stddev: sigma * C.
+        seed: a `keras.random.SeedGenerator` (or anything `keras.random.normal`
+            takes as seed).
+
+    Returns:
+        The noised tensors. With `stddev == 0` they are returned unchanged.
+    """
+    if stddev == 0:
+        return list(grads)
+    return [
+        g + keras_random.normal(ops.shape(g), stddev=stddev, dtype=g.dtype,
+                                seed=seed)
+        for g in grads
+    ]
+
+
+def scale(grads, denominator):
+    """Divides by the public denominator B."""
+    return [g / ops.cast(denominator, g.dtype) for g in grads]
