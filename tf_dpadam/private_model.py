@@ -88,13 +88,36 @@ class PrivateModel(keras.Model):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
+    def _layer_seed_generators(self):
+        """The random states of the wrapped model's layers (e.g. Dropout)."""
+        return [
+            generator
+            for layer in self.base_model._flatten_layers(include_self=True)
+            for generator in layer._seed_generators
+        ]
+
     # Phase 0: the loss of one example (a batch of one).
-    def _example_loss(self, x, y, sample_weight):
-        y_pred = self(x, training=True)
-        loss = self._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        return loss, y_pred
+    def _example_loss(self, x, y, sample_weight, index):
+        # Inside the vectorized map a layer's seed state is the same for every
+        # example, which would give all examples one dropout mask. Each
+        # example reads its own state (offset by its index in the first
+        # component; steps advance the second), and the generators'
+        # advance is returned so that the step can apply it once.
+        generators = self._layer_seed_generators()
+        offset = ops.stack([ops.cast(index[0], "int64") + 1, ops.zeros((), "int64")])
+        mapping = [(g.state, g.state.value + offset) for g in generators]
+        with keras.StatelessScope(
+            state_mapping=mapping, collect_losses=True
+        ) as scope:
+            y_pred = self(x, training=True)
+            loss = self._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                training=True,
+            )
+        advances = [
+            scope.get_current_value(state) - value for state, value in mapping
+        ]
+        return loss, (y_pred, advances)
 
     def _per_example_gradients(self, x, y, sample_weight, variables):
         compile_loss = self._compile_loss
@@ -103,13 +126,19 @@ class PrivateModel(keras.Model):
         saved_metrics = None
         if compile_loss is not None and getattr(compile_loss, "_metrics", None):
             saved_metrics, compile_loss._metrics = compile_loss._metrics, []
+        index = tf.range(tf.shape(tf.nest.flatten(x)[0])[0])
         try:
-            return privatizer.per_example_gradients(
-                self._example_loss, variables, (x, y, sample_weight)
+            grads, losses, (y_pred, advances) = (
+                privatizer.per_example_gradients(
+                    self._example_loss, variables, (x, y, sample_weight, index)
+                )
             )
         finally:
             if saved_metrics is not None:
                 compile_loss._metrics = saved_metrics
+        for generator, advance in zip(self._layer_seed_generators(), advances):
+            generator.state.assign(generator.state.value + advance[0])
+        return grads, losses, y_pred
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
