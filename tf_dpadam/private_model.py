@@ -114,8 +114,10 @@ class PrivateModel(keras.Model):
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                 training=True,
             )
+        # With a batch axis, as `per_example_gradients` expects of `aux`.
         advances = [
-            scope.get_current_value(state) - value for state, value in mapping
+            (scope.get_current_value(state) - value)[None]
+            for state, value in mapping
         ]
         return loss, (y_pred, advances)
 
@@ -125,7 +127,8 @@ class PrivateModel(keras.Model):
         # the batch below, not per example inside the vectorized map.
         saved_metrics = None
         if compile_loss is not None and getattr(compile_loss, "_metrics", None):
-            saved_metrics, compile_loss._metrics = compile_loss._metrics, []
+            saved_metrics = compile_loss._metrics
+            compile_loss._metrics = [None] * len(saved_metrics)
         index = tf.range(tf.shape(tf.nest.flatten(x)[0])[0])
         try:
             grads, losses, (y_pred, advances) = (

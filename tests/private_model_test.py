@@ -1,0 +1,388 @@
+"""Behaviour of make_private and the DP optimizers as Keras objects."""
+
+import math
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import tf_dpadam
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _data(n=32, d=6, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype("float32")
+    y = rng.integers(0, classes, size=n)
+    return x, y
+
+
+def _sequential(d=6, classes=3, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((d,)),
+        keras.layers.Dense(8, activation="tanh"),
+        keras.layers.Dense(classes),
+    ])
+
+
+def _functional(d=6, classes=3, seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((d,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(classes)(hidden))
+
+
+class SubclassedNet(keras.Model):
+
+    def __init__(self, classes=3, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(classes)
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+def _subclassed(d=6, classes=3, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = SubclassedNet(classes)
+    model(np.zeros((1, d), "float32"))
+    return model
+
+
+_BUILDERS = {
+    "sequential": _sequential,
+    "functional": _functional,
+    "subclassed": _subclassed,
+}
+
+_OPTIMIZERS = {
+    "dpsgd": lambda **kw: tf_dpadam.DPSGD(learning_rate=0.1, **kw),
+    "dpadam": lambda **kw: tf_dpadam.DPAdam(learning_rate=0.01, **kw),
+    "dpadam_corrected": lambda **kw: tf_dpadam.DPAdamCorrected(
+        learning_rate=0.01, **kw
+    ),
+}
+
+
+def _weights(model):
+    return [np.array(w) for w in model.weights]
+
+
+class MakePrivateTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        (f"{m}_{o}", m, o) for m in _BUILDERS for o in _OPTIMIZERS
+    )
+    def test_trains_and_shares_weights(self, builder, optimizer):
+        base = _BUILDERS[builder]()
+        model = tf_dpadam.make_private(base, seed=1)
+        self.assertEqual(
+            [id(v) for v in model.trainable_variables],
+            [id(v) for v in base.trainable_variables],
+        )
+        model.compile(
+            optimizer=_OPTIMIZERS[optimizer](
+                l2_norm_clip=1.0, noise_multiplier=0.5
+            ),
+            loss=_LOSS,
+            metrics=["accuracy"],
+        )
+        before = _weights(base)
+        x, y = _data()
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        self.assertEqual(int(model.optimizer.iterations), 4)
+        self.assertTrue(math.isfinite(history.history["loss"][0]))
+        self.assertIn("accuracy", history.history)
+        for b, a in zip(before, _weights(base)):
+            self.assertFalse(np.allclose(a, b))
+        # Inference is the wrapped model's.
+        np.testing.assert_allclose(
+            model.predict(x, verbose=0), base.predict(x, verbose=0), rtol=1e-6
+        )
+
+    def test_jit_and_eager_graph_agree_without_noise(self):
+        results = []
+        for jit in (False, True):
+            model = tf_dpadam.make_private(_functional(seed=3))
+            model.compile(
+                optimizer=tf_dpadam.DPAdamCorrected(
+                    l2_norm_clip=0.1, noise_multiplier=0.0, phi=1e-4,
+                    learning_rate=0.01,
+                ),
+                loss=_LOSS,
+                jit_compile=jit,
+            )
+            x, y = _data(n=24)
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+            results.append(_weights(model.base_model))
+        for eager_graph, xla in zip(*results):
+            np.testing.assert_allclose(eager_graph, xla, rtol=1e-5, atol=1e-6)
+
+    def test_loss_metric_is_mean_per_example_loss(self):
+        base = _sequential()
+        model = tf_dpadam.make_private(base)
+        # Learning rate 0: the weights stay, so the reported loss must equal
+        # Keras' own loss of the batch.
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=0.0
+            ),
+            loss=_LOSS,
+        )
+        x, y = _data(n=16)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        expected = float(_LOSS(y, base(x)))
+        self.assertAlmostEqual(history.history["loss"][0], expected, places=5)
+
+    def test_dropout_masks_differ_between_examples(self):
+        inputs = keras.Input((32,))
+        dropped = keras.layers.Dropout(0.5)(inputs)
+        outputs = keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="ones"
+        )(dropped)
+        model = tf_dpadam.make_private(keras.Model(inputs, outputs), seed=0)
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=0.0),
+            loss="mse",
+        )
+        x = np.ones((8, 32), "float32")
+        y = np.zeros((8, 1), "float32")
+
+        @tf.function
+        def per_example_kernel_grads():
+            grads, _, _ = model._per_example_gradients(
+                x, y, None, model.trainable_variables
+            )
+            return tf.cast(tf.not_equal(grads[0][:, :, 0], 0), tf.int32)
+
+        first = per_example_kernel_grads().numpy()
+        # Each example's gradient shows its own mask: they must not all agree.
+        self.assertGreater(len({row.tobytes() for row in first}), 4)
+        # And the masks change from one step to the next.
+        second = per_example_kernel_grads().numpy()
+        self.assertFalse(np.array_equal(first, second))
+
+    def test_multi_output_model(self):
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+        a = keras.layers.Dense(3, name="a")(hidden)
+        b = keras.layers.Dense(1, name="b")(hidden)
+        model = tf_dpadam.make_private(keras.Model(inputs, {"a": a, "b": b}))
+        model.compile(
+            optimizer=tf_dpadam.DPAdam(l2_norm_clip=1.0, noise_multiplier=0.1),
+            loss={"a": _LOSS, "b": "mse"},
+        )
+        x, y = _data(n=16)
+        history = model.fit(
+            x, {"a": y, "b": np.zeros((16, 1), "float32")},
+            batch_size=8, verbose=0,
+        )
+        self.assertTrue(math.isfinite(history.history["loss"][0]))
+        self.assertIn("a_loss", history.history)
+
+
+class RefusalTest(parameterized.TestCase):
+
+    @parameterized.named_parameters((o, o) for o in _OPTIMIZERS)
+    def test_dp_optimizer_on_non_private_model_raises(self, optimizer):
+        model = _sequential()
+        model.compile(
+            optimizer=_OPTIMIZERS[optimizer](
+                l2_norm_clip=1.0, noise_multiplier=1.0
+            ),
+            loss=_LOSS,
+        )
+        before = _weights(model)
+        x, y = _data()
+        with self.assertRaisesRegex(ValueError, "make_private"):
+            model.fit(x, y, batch_size=8, verbose=0)
+        for b, a in zip(before, _weights(model)):
+            np.testing.assert_array_equal(a, b)
+
+    def test_non_dp_optimizer_on_private_model_raises(self):
+        model = tf_dpadam.make_private(_sequential())
+        with self.assertRaisesRegex(ValueError, "tf_dpadam optimizer"):
+            model.compile(optimizer="adam", loss=_LOSS)
+
+    def test_batch_normalization_raises_and_names_layer(self):
+        base = keras.Sequential([
+            keras.Input((6,)),
+            keras.layers.Dense(8),
+            keras.layers.BatchNormalization(name="my_bn"),
+            keras.layers.Dense(3),
+        ])
+        with self.assertRaisesRegex(ValueError, "my_bn.*BatchNormalization"):
+            tf_dpadam.make_private(base)
+
+    def test_nested_batch_normalization_raises(self):
+        inner = keras.Sequential(
+            [keras.Input((6,)), keras.layers.BatchNormalization(name="deep_bn")]
+        )
+        outer = keras.Sequential([inner, keras.layers.Dense(3)])
+        with self.assertRaisesRegex(ValueError, "deep_bn"):
+            tf_dpadam.make_private(outer)
+
+    def test_frozen_batch_normalization_is_allowed_until_unfrozen(self):
+        bn = keras.layers.BatchNormalization(name="frozen_bn")
+        base = keras.Sequential([keras.Input((6,)), bn, keras.layers.Dense(3)])
+        bn.trainable = False
+        model = tf_dpadam.make_private(base)
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
+            loss=_LOSS,
+        )
+        x, y = _data()
+        model.fit(x, y, batch_size=8, verbose=0)
+        bn.trainable = True
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
+            loss=_LOSS,
+        )
+        with self.assertRaisesRegex(ValueError, "frozen_bn"):
+            model.fit(x, y, batch_size=8, verbose=0)
+
+    @parameterized.named_parameters(
+        ("clip_zero", "l2_norm_clip", 0.0),
+        ("clip_negative", "l2_norm_clip", -1.0),
+        ("clip_inf", "l2_norm_clip", math.inf),
+        ("clip_nan", "l2_norm_clip", math.nan),
+        ("noise_negative", "noise_multiplier", -0.5),
+        ("noise_inf", "noise_multiplier", math.inf),
+        ("batch_zero", "batch_size", 0),
+        ("batch_negative", "batch_size", -4),
+        ("batch_float", "batch_size", 2.5),
+        ("beta_1_one", "beta_1", 1.0),
+        ("beta_1_negative", "beta_1", -0.1),
+        ("beta_2_one", "beta_2", 1.0),
+        ("epsilon_zero", "epsilon", 0.0),
+        ("epsilon_negative", "epsilon", -1e-8),
+        ("phi_negative", "phi", -1e-6),
+    )
+    def test_bad_hyperparameters_name_the_argument(self, name, value):
+        args = {"l2_norm_clip": 1.0, "noise_multiplier": 1.0, name: value}
+        classes = [tf_dpadam.DPAdamCorrected]
+        if name != "phi":
+            classes.append(tf_dpadam.DPAdam)
+        if name not in ("beta_1", "beta_2", "epsilon", "phi"):
+            classes.append(tf_dpadam.DPSGD)
+        for cls in classes:
+            with self.assertRaisesRegex(ValueError, f"{name}={value!r}"):
+                cls(**args)
+
+    def test_dp_arguments_are_keyword_only(self):
+        with self.assertRaises(TypeError):
+            tf_dpadam.DPAdamCorrected(1.0, 1.0)
+
+    def test_keras_gradient_accumulation_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "gradient_accumulation_steps"):
+            tf_dpadam.DPAdam(
+                l2_norm_clip=1.0, noise_multiplier=1.0,
+                gradient_accumulation_steps=4,
+            )
+
+
+class SerializationTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("dpsgd", tf_dpadam.DPSGD, {"momentum": 0.9}),
+        ("dpadam", tf_dpadam.DPAdam, {"beta_1": 0.8, "epsilon": 1e-5}),
+        ("corrected_default", tf_dpadam.DPAdamCorrected, {"beta_2": 0.99}),
+        ("corrected_set", tf_dpadam.DPAdamCorrected,
+         {"epsilon": 1e-9, "phi": 2.5e-7, "beta_1": 0.5}),
+    )
+    def test_config_round_trip(self, cls, extra):
+        optimizer = cls(
+            l2_norm_clip=0.7, noise_multiplier=1.3, batch_size=128,
+            learning_rate=0.003, **extra
+        )
+        config = optimizer.get_config()
+        for key, value in extra.items():
+            self.assertEqual(config[key], value)
+        restored = cls.from_config(config)
+        self.assertEqual(restored.get_config(), config)
+        self.assertEqual(restored.dp_config, optimizer.dp_config)
+        # Through Keras' registry, as `load_model` does it.
+        revived = keras.optimizers.deserialize(
+            keras.optimizers.serialize(optimizer)
+        )
+        self.assertIsInstance(revived, cls)
+        self.assertEqual(revived.get_config(), config)
+
+    def test_corrected_defaults_serialize_as_none(self):
+        config = tf_dpadam.DPAdamCorrected(
+            l2_norm_clip=1.0, noise_multiplier=1.0
+        ).get_config()
+        self.assertIsNone(config["epsilon"])
+        self.assertIsNone(config["phi"])
+        self.assertIsNone(config["batch_size"])
+        self.assertNotIn("amsgrad", config)
+
+    @parameterized.named_parameters((o, o) for o in _OPTIMIZERS)
+    def test_save_mid_training_and_resume(self, optimizer):
+        # Noise off so that the continued runs must agree exactly; the noise
+        # generator's state is saved too (checked below).
+        def build():
+            model = tf_dpadam.make_private(_functional(seed=5), seed=7)
+            model.compile(
+                optimizer=_OPTIMIZERS[optimizer](
+                    l2_norm_clip=0.2, noise_multiplier=0.0, batch_size=8
+                ),
+                loss=_LOSS,
+                metrics=["accuracy"],
+            )
+            return model
+
+        x, y = _data(n=16)
+        model = build()
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+
+        self.assertIsInstance(loaded, tf_dpadam.PrivateModel)
+        self.assertIsInstance(loaded.optimizer, type(model.optimizer))
+        self.assertEqual(int(loaded.optimizer.iterations), 2)
+        self.assertEqual(
+            loaded.optimizer.get_config(), model.optimizer.get_config()
+        )
+        for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+        np.testing.assert_array_equal(
+            np.array(model.noise_seed_generator.state),
+            np.array(loaded.noise_seed_generator.state),
+        )
+
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        self.assertEqual(int(loaded.optimizer.iterations), 4)
+        for a, b in zip(_weights(model), _weights(loaded)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+    def test_loaded_base_model_is_still_refused_without_wrapper(self):
+        model = tf_dpadam.make_private(_sequential())
+        model.compile(
+            optimizer=tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=1.0, noise_multiplier=1.0
+            ),
+            loss=_LOSS,
+        )
+        x, y = _data()
+        model.fit(x, y, batch_size=8, verbose=0)
+        path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        base = loaded.base_model
+        base.compile(optimizer=loaded.optimizer, loss=_LOSS)
+        with self.assertRaisesRegex(ValueError, "not privatized"):
+            base.fit(x, y, batch_size=8, verbose=0)
+
+
+if __name__ == "__main__":
+    absltest.main()
