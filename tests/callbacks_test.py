@@ -1,6 +1,6 @@
 """Tests of tf_dpadam.callbacks.PrivacyBudget.
 
-The model is compiled with `_FakeDP`, a plain SGD that carries the two
+The model is compiled with `FakeDPOptimizer`, a plain SGD that carries the two
 attributes the callback reads (`noise_multiplier`, `batch_size`), so that
 these tests do not depend on the DP optimizers of the package.
 """
@@ -23,7 +23,7 @@ DELTA = 1e-5
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam_tests")
-class _FakeDP(keras.optimizers.SGD):
+class FakeDPOptimizer(keras.optimizers.SGD):
     """SGD with the DP attributes of a tf_dpadam optimizer."""
 
     def __init__(self, noise_multiplier=SIGMA, batch_size=B, **kwargs):
@@ -98,7 +98,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
 
     @parameterized.parameters("rdp", "pld")
     def test_epsilon_in_history_and_later_callbacks(self, accountant):
-        model = _model(_FakeDP(learning_rate=0.01))
+        model = _model(FakeDPOptimizer(learning_rate=0.01))
         before = _LogsRecorder()
         after = _LogsRecorder()
         budget = callbacks.PrivacyBudget(N, DELTA, accountant=accountant)
@@ -114,7 +114,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
         self.assertNotIn("epsilon", before.keys[0])
 
     def test_batch_size_from_callback_when_optimizer_has_none(self):
-        model = _model(_FakeDP(batch_size=None, learning_rate=0.01))
+        model = _model(FakeDPOptimizer(batch_size=None, learning_rate=0.01))
         budget = callbacks.PrivacyBudget(N, DELTA, batch_size=B)
         history = _fit(model, [budget], epochs=1)
         self.assertEqual(history.history["epsilon"], [_eps(N // B)])
@@ -123,7 +123,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
         # eps(T) is strictly increasing, so the budget eps(13) allows exactly
         # 13 steps: one epoch of 8 and 5 steps of the second.
         target = _eps(13)
-        model = _model(_FakeDP(learning_rate=0.01))
+        model = _model(FakeDPOptimizer(learning_rate=0.01))
         budget = callbacks.PrivacyBudget(N, DELTA, target_epsilon=target)
         history = _fit(model, [budget], epochs=5)
         self.assertEqual(budget.max_steps, 13)
@@ -139,14 +139,14 @@ class PrivacyBudgetTest(parameterized.TestCase):
         self.assertEqual(_iterations(model), 13)
 
     def test_target_below_one_step_raises_before_training(self):
-        model = _model(_FakeDP(learning_rate=0.01))
+        model = _model(FakeDPOptimizer(learning_rate=0.01))
         budget = callbacks.PrivacyBudget(N, DELTA, target_epsilon=_eps(1) / 2)
         with self.assertRaisesRegex(ValueError, "target_epsilon"):
             _fit(model, [budget], epochs=1)
         self.assertEqual(_iterations(model), 0)
 
     def test_resume_from_saved_model_continues_the_count(self):
-        model = _model(_FakeDP(learning_rate=0.01))
+        model = _model(FakeDPOptimizer(learning_rate=0.01))
         target = _eps(30)
         history = _fit(
             model,
@@ -158,7 +158,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
             path = os.path.join(tmp, "model.keras")
             model.save(path)
             restored = keras.models.load_model(path)
-        self.assertIsInstance(restored.optimizer, _FakeDP)
+        self.assertIsInstance(restored.optimizer, FakeDPOptimizer)
         self.assertEqual(restored.optimizer.noise_multiplier, SIGMA)
         self.assertEqual(restored.optimizer.batch_size, B)
         self.assertEqual(_iterations(restored), 16)
@@ -170,18 +170,27 @@ class PrivacyBudgetTest(parameterized.TestCase):
         self.assertEqual(_iterations(restored), 30)
         self.assertEqual(budget.max_steps, 30)
 
+    def test_loss_scale_wrapper_is_looked_through(self):
+        model = _model(
+            keras.optimizers.LossScaleOptimizer(
+                FakeDPOptimizer(learning_rate=0.01)
+            )
+        )
+        history = _fit(model, [callbacks.PrivacyBudget(N, DELTA)], epochs=1)
+        self.assertEqual(history.history["epsilon"], [_eps(N // B)])
+
     def test_optimizer_without_noise_multiplier_raises(self):
         model = _model(keras.optimizers.SGD())
         with self.assertRaisesRegex(ValueError, "tf_dpadam DP optimizer"):
             _fit(model, [callbacks.PrivacyBudget(N, DELTA)], epochs=1)
 
     def test_missing_batch_size_raises(self):
-        model = _model(_FakeDP(batch_size=None))
+        model = _model(FakeDPOptimizer(batch_size=None))
         with self.assertRaisesRegex(ValueError, "expected batch size"):
             _fit(model, [callbacks.PrivacyBudget(N, DELTA)], epochs=1)
 
     def test_conflicting_batch_size_raises(self):
-        model = _model(_FakeDP(batch_size=B))
+        model = _model(FakeDPOptimizer(batch_size=B))
         budget = callbacks.PrivacyBudget(N, DELTA, batch_size=2 * B)
         with self.assertRaisesRegex(ValueError, "batch_size=16"):
             _fit(model, [budget], epochs=1)
@@ -189,7 +198,9 @@ class PrivacyBudgetTest(parameterized.TestCase):
     def test_steps_per_execution_with_target_raises(self):
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        model.compile(optimizer=_FakeDP(), loss="mse", steps_per_execution=2)
+        model.compile(
+            optimizer=FakeDPOptimizer(), loss="mse", steps_per_execution=2
+        )
         budget = callbacks.PrivacyBudget(N, DELTA, target_epsilon=5.0)
         with self.assertRaisesRegex(ValueError, "steps_per_execution=2"):
             _fit(model, [budget], epochs=1)

@@ -280,11 +280,19 @@ class RefusalTest(parameterized.TestCase):
         with self.assertRaises(TypeError):
             tf_dpadam.DPAdamCorrected(1.0, 1.0)
 
-    def test_keras_gradient_accumulation_is_refused(self):
-        with self.assertRaisesRegex(ValueError, "gradient_accumulation_steps"):
+    @parameterized.named_parameters(("zero", 0), ("negative", -2), ("float", 2.0))
+    def test_bad_accumulation_steps_name_the_argument(self, value):
+        for cls in (tf_dpadam.DPSGD, tf_dpadam.DPAdam, tf_dpadam.DPAdamCorrected):
+            with self.assertRaisesRegex(
+                ValueError, f"gradient_accumulation_steps={value!r}"
+            ):
+                cls(l2_norm_clip=1.0, noise_multiplier=1.0,
+                    gradient_accumulation_steps=value)
+
+    def test_loss_scaling_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "loss_scale_factor"):
             tf_dpadam.DPAdam(
-                l2_norm_clip=1.0, noise_multiplier=1.0,
-                gradient_accumulation_steps=4,
+                l2_norm_clip=1.0, noise_multiplier=1.0, loss_scale_factor=128.0
             )
 
 
@@ -296,6 +304,8 @@ class SerializationTest(parameterized.TestCase):
         ("corrected_default", tf_dpadam.DPAdamCorrected, {"beta_2": 0.99}),
         ("corrected_set", tf_dpadam.DPAdamCorrected,
          {"epsilon": 1e-9, "phi": 2.5e-7, "beta_1": 0.5}),
+        ("corrected_accumulation", tf_dpadam.DPAdamCorrected,
+         {"gradient_accumulation_steps": 4}),
     )
     def test_config_round_trip(self, cls, extra):
         optimizer = cls(

@@ -39,12 +39,13 @@ about ten times faster, which matters for the calibration searches.
 This module prints nothing and does not import TensorFlow.
 """
 
+import contextlib
 import functools
+import logging
 import math
 import numbers
 
 import dp_accounting
-import numpy as np
 
 # The orders TF-Privacy's `compute_dp_sgd_privacy` uses.
 TF_PRIVACY_RDP_ORDERS = (
@@ -127,9 +128,9 @@ def _check_steps(steps):
     _check(steps >= 0, "steps", steps, ">= 0")
 
 
-def _check_epochs(epochs):
-    _check(_is_real(epochs), "epochs", epochs, "to be a real number")
-    _check(math.isfinite(epochs) and epochs >= 0, "epochs", epochs, ">= 0")
+def _check_epochs(epochs, name="epochs"):
+    _check(_is_real(epochs), name, epochs, "to be a real number")
+    _check(math.isfinite(epochs) and epochs >= 0, name, epochs, ">= 0")
 
 
 def _check_accountant(accountant):
@@ -170,7 +171,7 @@ def steps_for_epochs(epochs, num_examples, batch_size):
 
 
 def dp_sgd_event(sampling_probability, noise_multiplier, steps):
-    """Returns the dp-accounting event of `steps` Poisson-sampled Gaussian steps.
+    """Returns the dp-accounting event of T Poisson-sampled Gaussian steps.
 
     SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), T).
     """
@@ -183,13 +184,38 @@ def dp_sgd_event(sampling_probability, noise_multiplier, steps):
     )
 
 
+class _DropNonConvergence(logging.Filter):
+    """Drops dp-accounting's warnings that an RDP order was excluded.
+
+    For small sigma the series of a few low fractional orders does not
+    converge; dp-accounting then sets their RDP to inf (so the epsilon, a
+    minimum over the other orders, stays valid) and logs a warning per order.
+    The searches probe such sigmas routinely, so the warnings are noise here.
+    """
+
+    def filter(self, record):
+        return "failed to converge" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_non_convergence():
+    logger = logging.getLogger("absl")
+    drop = _DropNonConvergence()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 @functools.lru_cache(maxsize=512)
 def _rdp_one_step(q, sigma):
     """The RdpAccountant's RDP curve (on `RDP_ORDERS`) after one step."""
     accountant = dp_accounting.rdp.RdpAccountant(
         list(RDP_ORDERS), _ADD_OR_REMOVE_ONE
     )
-    accountant.compose(dp_sgd_event(q, sigma, 1))
+    with _quiet_non_convergence():
+        accountant.compose(dp_sgd_event(q, sigma, 1))
     rdp = accountant.rdp
     rdp.setflags(write=False)
     return rdp
@@ -269,13 +295,22 @@ def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta):
     accountant = dp_accounting.rdp.RdpAccountant(
         list(TF_PRIVACY_RDP_ORDERS), _ADD_OR_REMOVE_ONE
     )
-    accountant.compose(dp_sgd_event(batch_size / n, noise_multiplier, steps))
+    with _quiet_non_convergence():
+        accountant.compose(
+            dp_sgd_event(batch_size / n, noise_multiplier, steps)
+        )
     epsilon, order = accountant.get_epsilon_and_optimal_order(delta)
     return float(epsilon), float(order)
 
 
 def epsilon_after_steps(
-    *, steps, num_examples, batch_size, noise_multiplier, delta, accountant="rdp"
+    *,
+    steps,
+    num_examples,
+    batch_size,
+    noise_multiplier,
+    delta,
+    accountant="rdp",
 ):
     """Epsilon after T Poisson-sampled Gaussian steps.
 
@@ -380,8 +415,9 @@ def calibrate_steps(
         raise ValueError(
             f"Expected target_epsilon={target_epsilon!r} >= {smallest!r}, the"
             " epsilon of a single step (the smallest epsilon reachable with"
-            f" noise_multiplier={noise_multiplier!r}, batch_size={batch_size!r},"
-            f" num_examples={num_examples!r} and delta={delta!r})."
+            f" noise_multiplier={noise_multiplier!r},"
+            f" batch_size={batch_size!r}, num_examples={num_examples!r} and"
+            f" delta={delta!r})."
         )
     low, high = 1, 2  # Invariant: eps(low) <= target < eps(high).
     while eps(high) <= target_epsilon:
@@ -515,7 +551,8 @@ def _user_level_rdp_epsilon(q, sigma, steps, delta, max_examples_per_user):
     accountant = dp_accounting.rdp.RdpAccountant(
         [group * a for a in base], _ADD_OR_REMOVE_ONE
     )
-    accountant.compose(dp_sgd_event(q, sigma, steps))
+    with _quiet_non_convergence():
+        accountant.compose(dp_sgd_event(q, sigma, steps))
     return _rdp_epsilon_and_order(
         q, sigma, steps, delta, orders=base, rdp=3**c * accountant.rdp
     )[0]
@@ -568,7 +605,7 @@ def compute_dp_sgd_privacy_statement(
         ValueError: if an argument is out of range.
     """
     _check_sizes("number_of_examples", number_of_examples, batch_size)
-    _check_epochs(num_epochs)
+    _check_epochs(num_epochs, "num_epochs")
     _check_positive_real("noise_multiplier", noise_multiplier)
     _check_delta(delta)
     if max_examples_per_user is not None:

@@ -100,7 +100,8 @@ class PrivacyBudget(keras.callbacks.Callback):
     def _dp_optimizer(self):
         optimizer = getattr(self.model, "optimizer", None)
         # A loss-scale wrapper keeps the DP optimizer as `inner_optimizer`.
-        for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        inner = getattr(optimizer, "inner_optimizer", None)
+        for candidate in (optimizer, inner):
             if candidate is not None and hasattr(candidate, "noise_multiplier"):
                 return candidate
         raise ValueError(

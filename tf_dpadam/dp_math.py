@@ -51,11 +51,13 @@ class DPConfig:
         batch_size: B, the denominator. `None` means the number of examples in
             the step; an int is a public constant (the expected batch size under
             Poisson sampling, or the logical batch size).
+        accumulation_steps: k, the physical batches that make one step.
     """
 
     l2_norm_clip: float
     noise_multiplier: float
     batch_size: int | None = None
+    accumulation_steps: int = 1
 
     def __post_init__(self):
         c = self.l2_norm_clip
@@ -70,6 +72,11 @@ class DPConfig:
                           "batch_size", b, "to be None or an int > 0")
         if b is not None:
             object.__setattr__(self, "batch_size", int(b))
+        k = self.accumulation_steps
+        _check(isinstance(k, numbers.Integral) and not isinstance(k, bool)
+                      and k >= 1, "gradient_accumulation_steps", k,
+                      "to be None or an int >= 1")
+        object.__setattr__(self, "accumulation_steps", int(k))
         object.__setattr__(self, "l2_norm_clip", float(c))
         object.__setattr__(self, "noise_multiplier", float(s))
 

@@ -20,10 +20,6 @@ from keras import ops
 from tf_dpadam import dp_math
 
 _UNSUPPORTED_KWARGS = {
-    "gradient_accumulation_steps": (
-        "Keras' accumulation would noise every micro-batch; use the"
-        " accumulation of tf_dpadam.make_private instead"
-    ),
     "loss_scale_factor": "loss scaling is not supported by the DP train step",
 }
 
@@ -38,16 +34,23 @@ class DPOptimizerMixin:
 
     def _check_dp_args(self, l2_norm_clip, noise_multiplier, batch_size,
                        kwargs):
-        """Validates before Keras' constructor runs; returns the DPConfig."""
+        """Validates before Keras' constructor runs; returns the DPConfig.
+
+        Takes `gradient_accumulation_steps` out of `kwargs`: the private train
+        step accumulates clipped gradients itself (Keras' own accumulation
+        would add noise to every micro-batch).
+        """
         for name, why in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(name) is not None:
                 raise ValueError(
                     f"Expected {name}=None for {type(self).__name__}: {why}."
                 )
+        steps = kwargs.pop("gradient_accumulation_steps", None)
         return dp_math.DPConfig(
             l2_norm_clip=l2_norm_clip,
             noise_multiplier=noise_multiplier,
             batch_size=batch_size,
+            accumulation_steps=1 if steps is None else steps,
         )
 
     def _init_dp(self, dp_config):
@@ -67,6 +70,11 @@ class DPOptimizerMixin:
     def batch_size(self):
         return self.dp_config.batch_size
 
+    @property
+    def dp_accumulation_steps(self):
+        """k: physical batches per logical step (1 without accumulation)."""
+        return self.dp_config.accumulation_steps
+
     def build(self, var_list):
         if self.built:
             return
@@ -81,6 +89,32 @@ class DPOptimizerMixin:
             aggregation="only_first_replica",
             name="dp_step_denominator",
         )
+        if self.dp_accumulation_steps > 1:
+            # Sums of clipped gradients (already summed over replicas, so the
+            # same on every replica) and example counts of the micro-batches
+            # of the current logical step. They are optimizer state: saved
+            # and restored with it, so a resumed run continues the step.
+            self._dp_accumulators = [
+                self.add_variable(
+                    shape=v.shape,
+                    dtype=v.dtype,
+                    aggregation="only_first_replica",
+                    name=f"dp_accumulator_{i}",
+                )
+                for i, v in enumerate(var_list)
+            ]
+            self._dp_accumulated_count = self.add_variable(
+                shape=(),
+                dtype="float32",
+                aggregation="only_first_replica",
+                name="dp_accumulated_count",
+            )
+            self._dp_micro_step = self.add_variable(
+                shape=(),
+                dtype="int64",
+                aggregation="only_first_replica",
+                name="dp_micro_step",
+            )
 
     def apply_private(self, grads, trainable_variables, denominator):
         """Applies privatized gradients; called by the private train step only.
@@ -117,10 +151,12 @@ class DPOptimizerMixin:
         )
 
     def _dp_config_dict(self):
+        k = self.dp_accumulation_steps
         return {
             "l2_norm_clip": self.l2_norm_clip,
             "noise_multiplier": self.noise_multiplier,
             "batch_size": self.batch_size,
+            "gradient_accumulation_steps": None if k == 1 else k,
         }
 
 
@@ -138,6 +174,10 @@ _DP_ARGS_DOC = """
             examples in the step; an int divides by that constant (use the
             expected batch size under Poisson sampling, or the logical batch
             size).
+        gradient_accumulation_steps: k. With k > 1 one DP step spans k
+            physical batches: their clipped gradients are summed, noise is
+            added once, and the optimizer (its moments and `iterations`)
+            advances once per k batches. B is then the logical batch size.
 """
 
 

@@ -43,6 +43,21 @@ def check_no_example_mixing(model):
             )
 
 
+def _present_examples(x, sample_weight):
+    """1.0 for each example of the batch, 0.0 for absent ones.
+
+    An example whose sample weight is 0 (e.g. the padding of
+    `tf_dpadam.data.poisson_batches`) is absent: it contributes nothing to
+    the gradient, not even the gradient of a regularization loss, and is not
+    counted in the denominator when `batch_size=None`.
+    """
+    num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
+    if sample_weight is None or tf.nest.is_nested(sample_weight):
+        return tf.ones((num_examples,), "float32")
+    weight = ops.reshape(sample_weight, (num_examples, -1))
+    return ops.cast(ops.any(ops.not_equal(weight, 0), axis=1), "float32")
+
+
 def _require_dp_optimizer(optimizer):
     if not dp_optimizers.is_dp_optimizer(optimizer):
         raise ValueError(
@@ -104,22 +119,36 @@ class PrivateModel(keras.Model):
         # component; steps advance the second), and the generators'
         # advance is returned so that the step can apply it once.
         generators = self._layer_seed_generators()
-        offset = ops.stack([ops.cast(index[0], "int64") + 1, ops.zeros((), "int64")])
+        if not generators:
+            loss, y_pred = self._forward_loss(x, y, sample_weight)
+            return loss, (y_pred, [])
+        offset = ops.stack(
+            [ops.cast(index[0], "int64") + 1, ops.zeros((), "int64")]
+        )
         mapping = [(g.state, g.state.value + offset) for g in generators]
+        # Regularizers read their variable through the scope too.
+        mapping += [
+            (v, v.value) for v in self.trainable_variables if v.regularizer
+        ]
         with keras.StatelessScope(
             state_mapping=mapping, collect_losses=True
         ) as scope:
-            y_pred = self(x, training=True)
-            loss = self._compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                training=True,
-            )
+            loss, y_pred = self._forward_loss(x, y, sample_weight)
         # With a batch axis, as `per_example_gradients` expects of `aux`.
         advances = [
-            (scope.get_current_value(state) - value)[None]
-            for state, value in mapping
+            (scope.get_current_value(g.state) - value)[None]
+            for g, (_, value) in zip(generators, mapping)
         ]
         return loss, (y_pred, advances)
+
+    def _forward_loss(self, x, y, sample_weight):
+        y_pred = self(x, training=True)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        # Keras divides the loss by the number of tf.distribute replicas;
+        # a per-example gradient must be the example's own, so undo it.
+        return loss * privatizer.num_replicas(), y_pred
 
     def _per_example_gradients(self, x, y, sample_weight, variables):
         compile_loss = self._compile_loss
@@ -152,26 +181,95 @@ class PrivateModel(keras.Model):
         variables = self.trainable_variables
         if not variables:
             warnings.warn("The model does not have any trainable weights.")
-        num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
+            return self.compute_metrics(x, y, self(x), sample_weight)
+        if not optimizer.built:
+            optimizer.build(variables)
+        present = _present_examples(x, sample_weight)
 
+        # Phase 1 and 2: per-example gradients, clipped and summed.
         grads, losses, y_pred = self._per_example_gradients(
             x, y, sample_weight, variables
         )
-        summed, _ = privatizer.clip_and_sum(grads, config.l2_norm_clip)
-        noised = privatizer.add_noise(
-            summed, config.noise_stddev, self.noise_seed_generator
+        summed, _ = privatizer.clip_and_sum(
+            grads, config.l2_norm_clip, mask=present
         )
-        denominator = config.denominator(num_examples)
-        private_grads = privatizer.scale(noised, denominator)
-        if variables:
-            optimizer.apply_private(private_grads, variables, denominator)
+        count = ops.sum(present)
+        if privatizer.num_replicas() > 1 or config.accumulation_steps > 1:
+            summed, count = privatizer.sum_over_replicas((summed, count))
+            summed = [g / privatizer.num_replicas() for g in summed]
+        # Phases 3 to 5: noise, scale, update (once per logical step).
+        if config.accumulation_steps == 1:
+            self._noise_scale_apply(summed, count, variables)
+        elif privatizer.num_replicas() > 1:
+            # The conditional update would need a merge_call inside control
+            # flow, which tf.distribute does not support.
+            raise ValueError(
+                "gradient_accumulation_steps > 1 is not supported with"
+                f" {privatizer.num_replicas()} tf.distribute replicas: give"
+                " each replica a larger batch instead (the logical batch is"
+                " split over the replicas and the noise is added once)."
+            )
+        else:
+            self._accumulate(summed, count, variables)
 
         if self._compile_loss is not None and self._compile_loss.metrics:
             self._compile_loss(y, y_pred, sample_weight)
         self._loss_tracker.update_state(
-            ops.mean(losses), sample_weight=num_examples
+            ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
+            sample_weight=ops.sum(present),
         )
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _noise_scale_apply(self, summed, count, variables):
+        """Noise once, divide by B, apply.
+
+        `summed` is this replica's share: with R replicas Keras adds the
+        gradients of all replicas, so each hands in 1/R of the clipped sum
+        of all replicas, and only the first one carries the noise. `count`
+        is the number of examples of the whole (logical) step.
+        """
+        optimizer = self.optimizer
+        config = optimizer.dp_config
+        denominator = config.denominator(count)
+        noised = privatizer.add_noise(
+            summed,
+            config.noise_stddev,
+            self.noise_seed_generator,
+            share=privatizer.first_replica_share(),
+        )
+        private_grads = privatizer.scale(noised, denominator)
+        optimizer.apply_private(private_grads, variables, denominator)
+
+    def _accumulate(self, summed, count, variables):
+        """Adds a micro-batch to the logical step; steps at every k-th one.
+
+        `summed` and `count` are already summed over replicas (and `summed`
+        divided by R), so the accumulators agree on every replica.
+        """
+        optimizer = self.optimizer
+        accumulators = optimizer._dp_accumulators
+        for accumulator, g in zip(accumulators, summed):
+            accumulator.assign(accumulator + g)
+        optimizer._dp_accumulated_count.assign(
+            optimizer._dp_accumulated_count + count
+        )
+        optimizer._dp_micro_step.assign(optimizer._dp_micro_step + 1)
+        steps = optimizer.dp_config.accumulation_steps
+
+        def step():
+            self._noise_scale_apply(
+                [a.value for a in accumulators],
+                optimizer._dp_accumulated_count.value,
+                variables,
+            )
+            for accumulator in accumulators:
+                accumulator.assign(ops.zeros_like(accumulator))
+            optimizer._dp_accumulated_count.assign(0.0)
+            return ops.zeros(())
+
+        ops.cond(
+            optimizer._dp_micro_step % steps == 0, step, lambda: ops.zeros(())
+        )
 
     def get_config(self):
         return {

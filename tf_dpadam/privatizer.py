@@ -9,6 +9,10 @@ phase and keeps the others:
 2. `clip_and_sum`: clip each example's gradient to global L2 norm C and sum.
 3. `add_noise`: add N(0, (sigma C)^2 I) once to the sum.
 4. `scale`: divide by the public denominator B.
+
+Under `tf.distribute` every replica clips its own examples; the sums are
+added over replicas, the noise is drawn once (on the first replica) and the
+denominator is the global B.
 """
 
 import tensorflow as tf
@@ -59,12 +63,14 @@ def per_example_gradients(example_loss_fn, variables, examples):
     return tf.vectorized_map(one_example, packed, fallback_to_while_loop=True)
 
 
-def clip_and_sum(per_example_grads, l2_norm_clip):
+def clip_and_sum(per_example_grads, l2_norm_clip, mask=None):
     """Clips each example's gradient to global L2 norm C, then sums.
 
     Args:
         per_example_grads: list of `[batch, ...]` tensors, one per variable.
         l2_norm_clip: C.
+        mask: optional `[batch]` tensor of 0/1; rows with 0 (padding, absent
+            examples) contribute nothing.
 
     Returns:
         `(summed, norms)`: the list of sums of clipped gradients and the
@@ -72,6 +78,8 @@ def clip_and_sum(per_example_grads, l2_norm_clip):
     """
     norms = dp_math.per_example_global_norms(per_example_grads)
     factors = dp_math.clip_factors(norms, l2_norm_clip)
+    if mask is not None:
+        factors = factors * ops.cast(mask, factors.dtype)
     summed = [
         tf.tensordot(ops.cast(factors, g.dtype), g, axes=[[0], [0]])
         for g in per_example_grads
@@ -79,14 +87,16 @@ def clip_and_sum(per_example_grads, l2_norm_clip):
     return summed, norms
 
 
-def add_noise(grads, stddev, seed):
+def add_noise(grads, stddev, seed, share=1.0):
     """Adds N(0, stddev^2) noise to every coordinate, once.
 
     Args:
         grads: list of tensors.
-        stddev: sigma * C.
+        stddev: sigma * C (a Python number).
         seed: a `keras.random.SeedGenerator` (or anything `keras.random.normal`
             takes as seed).
+        share: multiplies the noise; under `tf.distribute` it is 1 on one
+            replica and 0 on the others, so that the noise is added once.
 
     Returns:
         The noised tensors. With `stddev == 0` they are returned unchanged.
@@ -94,8 +104,9 @@ def add_noise(grads, stddev, seed):
     if stddev == 0:
         return list(grads)
     return [
-        g + keras_random.normal(ops.shape(g), stddev=stddev, dtype=g.dtype,
-                                seed=seed)
+        g + ops.cast(share, g.dtype) * keras_random.normal(
+            ops.shape(g), stddev=stddev, dtype=g.dtype, seed=seed
+        )
         for g in grads
     ]
 
@@ -103,3 +114,26 @@ def add_noise(grads, stddev, seed):
 def scale(grads, denominator):
     """Divides by the public denominator B."""
     return [g / ops.cast(denominator, g.dtype) for g in grads]
+
+
+def sum_over_replicas(values):
+    """Sums a structure of tensors over `tf.distribute` replicas (if any)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return values
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+
+def num_replicas():
+    """The number of replicas of the current `tf.distribute` strategy."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def first_replica_share():
+    """1.0 on the first replica, 0.0 on the others (1.0 without replicas)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return 1.0
+    return tf.cast(
+        tf.equal(context.replica_id_in_sync_group, 0), tf.float32
+    )

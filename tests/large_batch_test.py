@@ -1,0 +1,275 @@
+"""Logical vs physical batches: accumulation and Poisson sampling."""
+
+import math
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import tf_dpadam
+from tf_dpadam import data as dp_data
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _data(n, d=5, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, d)).astype("float32"),
+            rng.integers(0, classes, size=n))
+
+
+def _model(seed=0, d=5, regularized=False):
+    keras.utils.set_random_seed(seed)
+    regularizer = keras.regularizers.L2(0.05) if regularized else None
+    return keras.Sequential([
+        keras.Input((d,)),
+        keras.layers.Dense(7, activation="tanh",
+                           kernel_regularizer=regularizer),
+        keras.layers.Dense(3),
+    ])
+
+
+def _optimizer(name, **kwargs):
+    if name == "dpsgd":
+        return tf_dpadam.DPSGD(learning_rate=0.1, momentum=0.5, **kwargs)
+    if name == "dpadam":
+        return tf_dpadam.DPAdam(learning_rate=0.01, **kwargs)
+    return tf_dpadam.DPAdamCorrected(
+        learning_rate=0.01, phi=1e-4, epsilon=1e-6, **kwargs
+    )
+
+
+def _weights(model):
+    return [np.array(w) for w in model.weights]
+
+
+def _zero_gradient_model(units):
+    # Zero inputs and zero targets: every example's gradient is exactly 0, so
+    # the applied gradient is the noise alone.
+    model = keras.Sequential([
+        keras.Input((units,)),
+        keras.layers.Dense(units, use_bias=False, kernel_initializer="zeros"),
+    ])
+    return model
+
+
+class AccumulationTest(parameterized.TestCase):
+
+    @parameterized.product(
+        optimizer=["dpsgd", "dpadam", "dpadam_corrected"],
+        batch_size=[None, 24],
+    )
+    def test_k_micro_batches_equal_one_logical_batch(self, optimizer,
+                                                     batch_size):
+        x, y = _data(48)
+        results = []
+        for physical, k in ((24, None), (6, 4)):
+            model = tf_dpadam.make_private(_model(seed=1))
+            model.compile(
+                optimizer=_optimizer(
+                    optimizer, l2_norm_clip=0.2, noise_multiplier=0.0,
+                    batch_size=batch_size, gradient_accumulation_steps=k,
+                ),
+                loss=_LOSS,
+            )
+            model.fit(x, y, batch_size=physical, epochs=2, shuffle=False,
+                      verbose=0)
+            # The optimizer advances once per logical step.
+            self.assertEqual(int(model.optimizer.iterations), 4)
+            results.append(_weights(model))
+        for one, accumulated in zip(*results):
+            np.testing.assert_allclose(one, accumulated, rtol=1e-5, atol=1e-6)
+
+    def test_resume_in_the_middle_of_a_logical_step(self):
+        x, y = _data(36)
+
+        def build():
+            model = tf_dpadam.make_private(_model(seed=2))
+            model.compile(
+                optimizer=_optimizer(
+                    "dpadam_corrected", l2_norm_clip=0.2, noise_multiplier=0.0,
+                    batch_size=12, gradient_accumulation_steps=3,
+                ),
+                loss=_LOSS,
+            )
+            return model
+
+        straight = build()
+        straight.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+
+        interrupted = build()
+        # Five micro-batches: one logical step and two thirds of the next.
+        interrupted.fit(x[:20], y[:20], batch_size=4, shuffle=False,
+                        verbose=0)
+        self.assertEqual(int(interrupted.optimizer.iterations), 1)
+        path = os.path.join(tempfile.mkdtemp(), "mid_step.keras")
+        interrupted.save(path)
+        resumed = keras.models.load_model(path)
+        resumed.fit(x[20:], y[20:], batch_size=4, shuffle=False, verbose=0)
+        self.assertEqual(int(resumed.optimizer.iterations), 3)
+        for a, b in zip(_weights(straight), _weights(resumed)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    @parameterized.named_parameters(("fixed_b", 64), ("counted_b", None))
+    def test_noise_std_is_sigma_c_over_logical_b(self, batch_size):
+        units, sigma, clip, k, physical = 320, 1.3, 0.5, 4, 16
+        model = tf_dpadam.make_private(_zero_gradient_model(units), seed=3)
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0,
+                batch_size=batch_size, gradient_accumulation_steps=k,
+            ),
+            loss="mse",
+        )
+        x = np.zeros((k * physical, units), "float32")
+        model.fit(x, x, batch_size=physical, shuffle=False, verbose=0)
+        self.assertEqual(int(model.optimizer.iterations), 1)
+        update = -np.array(model.base_model.weights[0]).ravel()
+        logical_b = k * physical
+        expected = sigma * clip / logical_b
+        # n = 102,400 coordinates: the sample std has relative standard error
+        # 1/sqrt(2n) = 0.22%; 1.5% is about 7 standard errors. Noise added on
+        # every micro-batch would give sqrt(k) = 2x, caught by a wide margin.
+        self.assertAlmostEqual(np.std(update) / expected, 1.0, delta=0.015)
+        self.assertLess(abs(np.mean(update)), 5 * expected / math.sqrt(update.size))
+        # Phi of DPAdamCorrected is computed from that same B.
+        phi = float(model.optimizer.noise_phi())
+        self.assertAlmostEqual(phi / expected**2, 1.0, places=5)
+
+
+class PoissonBatchesTest(parameterized.TestCase):
+
+    def test_inclusion_rate_reachability_and_padding(self):
+        n, b = 400, 40
+        x = np.arange(n, dtype="float32")[:, None] + 1.0
+        y = np.arange(n)
+        batches = dp_data.poisson_batches(
+            (x, y), expected_batch_size=b, physical_batch_size=16, seed=0
+        )
+        self.assertEqual(batches.capacity % 16, 0)
+        self.assertEqual(batches.accumulation_steps, batches.capacity // 16)
+        self.assertLess(batches.overflow_probability, 1e-10)
+        counts = np.zeros(n)
+        steps = 0
+        for epoch in range(10):
+            micro = 0
+            for bx, by, bw in batches.dataset:
+                bx, by, bw = bx.numpy(), by.numpy(), bw.numpy()
+                self.assertEqual(bx.shape, (16, 1))  # static physical batch
+                real = bw > 0
+                # Padding: weight 0 and zero features.
+                np.testing.assert_array_equal(bx[~real], 0.0)
+                np.testing.assert_array_equal(bx[real, 0], by[real] + 1.0)
+                counts[by[real]] += 1
+                micro += 1
+            self.assertEqual(
+                micro, batches.steps_per_epoch * batches.accumulation_steps
+            )
+            steps += batches.steps_per_epoch
+        q = batches.sampling_rate
+        self.assertAlmostEqual(q, b / n)
+        # Total inclusions ~ Binomial(n * steps, q): 5 standard errors.
+        total = counts.sum()
+        sd = math.sqrt(n * steps * q * (1 - q))
+        self.assertLess(abs(total - n * steps * q), 5 * sd)
+        # Every example is reachable: with 100 steps at q = 0.1 an example is
+        # missed with probability 0.9^100 = 2.7e-5, so all 400 should appear.
+        self.assertEqual(int((counts == 0).sum()), 0)
+        # Each step draws a different batch and passes differ.
+        first = [by.numpy() for _, by, _ in batches.dataset.take(3)]
+        second = [by.numpy() for _, by, _ in batches.dataset.take(3)]
+        self.assertFalse(all(np.array_equal(a, c) for a, c in zip(first, second)))
+
+    def test_padding_contributes_nothing_even_with_regularization(self):
+        n = 60
+        x, y = _data(n, seed=4)
+        batches = dp_data.poisson_batches(
+            (x, y), expected_batch_size=12, physical_batch_size=8,
+            steps_per_epoch=3, seed=5,
+        )
+        k = batches.accumulation_steps
+        steps = list(batches.dataset)
+        real_x = np.concatenate([s[0].numpy()[s[2].numpy() > 0] for s in steps])
+        real_y = np.concatenate([s[1].numpy()[s[2].numpy() > 0] for s in steps])
+
+        def build():
+            model = tf_dpadam.make_private(_model(seed=6, regularized=True))
+            model.compile(
+                optimizer=tf_dpadam.DPSGD(
+                    l2_norm_clip=0.3, noise_multiplier=0.0, batch_size=12,
+                    gradient_accumulation_steps=k, learning_rate=0.5,
+                ),
+                loss=_LOSS,
+            )
+            return model
+
+        padded = build()
+        padded.fit(tf.data.Dataset.from_tensor_slices(
+            tuple(np.stack([s[i].numpy() for s in steps]) for i in range(3))
+        ), verbose=0)
+        self.assertEqual(int(padded.optimizer.iterations), 3)
+
+        # The same real examples, one logical step at a time, unpadded.
+        reference = build()
+        reference.optimizer.dp_config  # built lazily by the first fit
+        sizes = [
+            int(sum((steps[j][2].numpy() > 0).sum()
+                    for j in range(i * k, (i + 1) * k)))
+            for i in range(3)
+        ]
+        plain = tf_dpadam.make_private(_model(seed=6, regularized=True))
+        plain.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=0.3, noise_multiplier=0.0, batch_size=12,
+                learning_rate=0.5,
+            ),
+            loss=_LOSS,
+        )
+        start = 0
+        for size in sizes:
+            plain.train_on_batch(real_x[start:start + size],
+                                 real_y[start:start + size])
+            start += size
+        for a, b in zip(_weights(padded), _weights(plain)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_overflow_raises_instead_of_dropping(self):
+        x, y = _data(200)
+        batches = dp_data.poisson_batches(
+            (x, y), expected_batch_size=100, physical_batch_size=100,
+            max_overflow_probability=0.6, steps_per_epoch=50, seed=7,
+        )
+        self.assertEqual(batches.capacity, 100)  # P(> B) is about 0.47
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    "exceeded the capacity"):
+            for _ in batches.dataset:
+                pass
+
+    def test_binomial_tail_matches_direct_sum(self):
+        n, p = 30, 0.2
+        direct = sum(math.comb(n, k) * p**k * (1 - p) ** (n - k)
+                     for k in range(9, n + 1))
+        self.assertAlmostEqual(dp_data.binomial_upper_tail(n, p, 8), direct,
+                               places=12)
+
+    @parameterized.named_parameters(
+        ("batch_zero", {"expected_batch_size": 0}, "expected_batch_size"),
+        ("batch_too_big", {"expected_batch_size": 11}, "expected_batch_size"),
+        ("physical_zero", {"expected_batch_size": 4, "physical_batch_size": 0},
+         "physical_batch_size"),
+        ("overflow_one", {"expected_batch_size": 4,
+                          "max_overflow_probability": 1.0},
+         "max_overflow_probability"),
+    )
+    def test_bad_arguments(self, kwargs, name):
+        x, y = _data(10)
+        with self.assertRaisesRegex(ValueError, name):
+            dp_data.poisson_batches((x, y), **kwargs)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,134 @@
+"""Tests of the command line `python -m tf_dpadam.privacy`."""
+
+import os
+import re
+import subprocess
+import sys
+
+from absl import app
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tf_dpadam import accounting
+from tf_dpadam import privacy
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DELTA = 1e-5
+
+
+def _start(*args):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_ROOT, env.get("PYTHONPATH")) if p
+    )
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tf_dpadam.privacy", *args],
+        cwd=_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class CommandLineTest(absltest.TestCase):
+
+    def test_subprocess_statement(self):
+        # One invocation only: each pays the package's import time. The other
+        # modes are tested through `privacy.report` below.
+        process = _start(
+            "--num_examples=60000", "--batch_size=256",
+            "--noise_multiplier=1.1", "--epochs=60", "--delta=1e-5",
+        )
+        out, err = process.communicate(timeout=120)
+        self.assertEqual(process.returncode, 0, msg=err)
+        self.assertEqual(
+            out,
+            accounting.compute_dp_sgd_privacy_statement(
+                60000, 256, 60, 1.1, DELTA
+            ) + "\n",
+        )
+        setting = dict(num_examples=60000, batch_size=256, noise_multiplier=1.1)
+        for accountant, name in (("rdp", "RDP"), ("pld", "PLD")):
+            epsilon = accounting.epsilon_after_steps(
+                steps=14063, delta=DELTA, accountant=accountant, **setting
+            )
+            self.assertIn(f"epsilon = {epsilon:.4g} ({name}", out)
+
+    def test_main_rejects_stray_arguments(self):
+        with self.assertRaisesRegex(app.UsageError, "Unexpected arguments: x"):
+            privacy.main(["privacy", "x"])
+
+
+class ReportTest(parameterized.TestCase):
+
+    def test_statement(self):
+        text = privacy.report(
+            num_examples=60000, batch_size=256, noise_multiplier=1.1,
+            epochs=60, delta=DELTA,
+        )
+        self.assertEqual(
+            text,
+            accounting.compute_dp_sgd_privacy_statement(
+                60000, 256, 60, 1.1, DELTA
+            ),
+        )
+
+    def test_statement_with_steps(self):
+        text = privacy.report(
+            num_examples=10000, batch_size=100, noise_multiplier=1.0,
+            steps=300, delta=DELTA,
+        )
+        self.assertIn("= 300 steps", text)
+
+    def test_calibrated_steps_and_epochs(self):
+        text = privacy.report(
+            num_examples=50000, batch_size=2048, noise_multiplier=1.0,
+            target_epsilon=7.0, delta=DELTA,
+        )
+        steps = accounting.calibrate_steps(
+            target_epsilon=7.0, num_examples=50000, batch_size=2048,
+            noise_multiplier=1.0, delta=DELTA,
+        )
+        self.assertIn(f"steps = {steps}\n", text)
+        epochs = float(re.search(r"epochs = (\S+)", text).group(1))
+        self.assertAlmostEqual(epochs, steps * 2048 / 50000, places=3)
+
+    def test_calibrated_noise_multiplier_with_steps_and_pld(self):
+        text = privacy.report(
+            num_examples=10000, batch_size=100, steps=300, target_epsilon=1.0,
+            delta=DELTA, accountant="pld",
+        )
+        sigma = accounting.calibrate_noise_multiplier(
+            target_epsilon=1.0, num_examples=10000, batch_size=100, steps=300,
+            delta=DELTA, accountant="pld",
+        )
+        self.assertIn(f"noise_multiplier = {sigma:.6g}", text)
+        self.assertIn("PLD accountant", text)
+
+    @parameterized.named_parameters(
+        ("missing_delta", dict(num_examples=100, batch_size=10, delta=None,
+                               noise_multiplier=1.0, epochs=1), "--delta"),
+        ("nothing_to_do", dict(num_examples=100, batch_size=10, delta=DELTA,
+                               epochs=1), "--noise_multiplier or"),
+        ("no_length", dict(num_examples=100, batch_size=10, delta=DELTA,
+                           noise_multiplier=1.0), "--epochs or --steps"),
+        ("both_lengths", dict(num_examples=100, batch_size=10, delta=DELTA,
+                              noise_multiplier=1.0, epochs=1, steps=10),
+         "at most one"),
+        ("length_with_calibrated_steps",
+         dict(num_examples=100, batch_size=10, delta=DELTA,
+              noise_multiplier=1.0, target_epsilon=1.0, epochs=1),
+         "leave out --epochs"),
+        ("bad_batch_size", dict(num_examples=100, batch_size=200, delta=DELTA,
+                                noise_multiplier=1.0, epochs=1),
+         "batch_size=200 <= num_examples=100"),
+    )
+    def test_invalid_combinations(self, kwargs, message):
+        with self.assertRaisesRegex(ValueError, re.escape(message)):
+            privacy.report(**kwargs)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,209 @@
+"""Poisson-sampled batches, the sampling that the privacy accounting assumes.
+
+RDP and PLD accounting for DP-SGD (and so for DP-Adam and DP-AdamBC) assume
+Poisson sampling: at every step each of the N examples joins the batch
+independently with probability q = B / N, so the batch size is random with
+mean B. `poisson_batches` builds such a `tf.data` pipeline:
+
+- each logical step draws a fresh Bernoulli(q) mask over all N examples;
+- the sampled examples are padded to a static capacity M (so that XLA compiles
+  once), with sample weight 0 on the padding; `make_private` treats examples
+  of weight 0 as absent (they contribute nothing, not even a regularization
+  gradient);
+- M is a multiple of the physical batch size b and is split into k = M / b
+  physical batches, to be accumulated by the optimizer
+  (`gradient_accumulation_steps=k`) into one DP step;
+- M is chosen so that a batch larger than M has probability at most
+  `max_overflow_probability` per step (exact binomial tail). Should it happen
+  anyway, the pipeline raises an error: no example is dropped silently.
+
+Use the expected batch size B as the optimizer's `batch_size`, so that the
+denominator and Phi are public constants.
+"""
+
+import math
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+
+class PoissonBatches(typing.NamedTuple):
+    """A Poisson-sampled pipeline and what the optimizer needs to know of it.
+
+    Attributes:
+        dataset: yields `(x, y, sample_weight)` physical batches of size b.
+        sampling_rate: q = B / N.
+        expected_batch_size: B, to be the optimizer's `batch_size`.
+        capacity: M, the padded size of one logical batch.
+        accumulation_steps: k = M / b, the optimizer's
+            `gradient_accumulation_steps`.
+        steps_per_epoch: logical steps per pass over the dataset.
+        overflow_probability: P(Binomial(N, q) > M), for one step.
+    """
+
+    dataset: tf.data.Dataset
+    sampling_rate: float
+    expected_batch_size: int
+    capacity: int
+    accumulation_steps: int
+    steps_per_epoch: int
+    overflow_probability: float
+
+
+def binomial_upper_tail(n, p, m):
+    """P(Binomial(n, p) > m), summed exactly in log space."""
+    if m >= n:
+        return 0.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    total = 0.0
+    for k in range(m + 1, n + 1):
+        term = math.exp(
+            math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+            + k * log_p + (n - k) * log_q
+        )
+        total += term
+        if term < total * 1e-17 and k > n * p:
+            break
+    return min(total, 1.0)
+
+
+def poisson_capacity(num_examples, expected_batch_size, physical_batch_size,
+                     max_overflow_probability=1e-10):
+    """The smallest multiple M of b with P(Binomial(N, B/N) > M) <= bound.
+
+    Returns:
+        `(capacity, overflow_probability)`.
+    """
+    q = expected_batch_size / num_examples
+    capacity = physical_batch_size * math.ceil(
+        expected_batch_size / physical_batch_size
+    )
+    while True:
+        overflow = binomial_upper_tail(num_examples, q, capacity)
+        if overflow <= max_overflow_probability or capacity >= num_examples:
+            return min(capacity, num_examples + physical_batch_size), overflow
+        capacity += physical_batch_size
+
+
+def _check_positive_int(name, value):
+    if not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"Expected {name}={value!r} to be an int > 0.")
+
+
+def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
+                    steps_per_epoch=None, seed=None,
+                    max_overflow_probability=1e-10):
+    """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
+
+    Args:
+        data: `(x, y)` or `(x, y, sample_weight)` with NumPy arrays (or nested
+            structures of them) sharing the first dimension N.
+        expected_batch_size: B; the sampling rate is q = B / N.
+        physical_batch_size: b, the batch that fits in memory; defaults to
+            the capacity M (k = 1).
+        steps_per_epoch: logical steps per pass; defaults to ceil(N / B).
+        seed: optional int; every pass draws new batches either way.
+        max_overflow_probability: bound on P(batch size > M) per step.
+
+    Returns:
+        A `PoissonBatches`.
+
+    Raises:
+        ValueError: on arguments out of range.
+    """
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+        raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
+    data = tuple(tf.nest.map_structure(np.asarray, item) for item in data)
+    num_examples = len(tf.nest.flatten(data[0])[0])
+    for item in data:
+        for array in tf.nest.flatten(item):
+            if len(array) != num_examples:
+                raise ValueError(
+                    "Expected every array in data to have the same first"
+                    f" dimension, got {len(array)} and {num_examples}."
+                )
+    _check_positive_int("expected_batch_size", expected_batch_size)
+    if expected_batch_size > num_examples:
+        raise ValueError(
+            f"Expected expected_batch_size={expected_batch_size} <= the number"
+            f" of examples {num_examples}."
+        )
+    if not 0 < max_overflow_probability < 1:
+        raise ValueError(
+            f"Expected max_overflow_probability={max_overflow_probability!r}"
+            " in (0, 1)."
+        )
+    q = expected_batch_size / num_examples
+    if physical_batch_size is None:
+        capacity, overflow = poisson_capacity(
+            num_examples, expected_batch_size, 1, max_overflow_probability
+        )
+        physical_batch_size = capacity
+    else:
+        _check_positive_int("physical_batch_size", physical_batch_size)
+        capacity, overflow = poisson_capacity(
+            num_examples, expected_batch_size, physical_batch_size,
+            max_overflow_probability,
+        )
+    if steps_per_epoch is None:
+        steps_per_epoch = math.ceil(num_examples / expected_batch_size)
+    _check_positive_int("steps_per_epoch", steps_per_epoch)
+    k = capacity // physical_batch_size
+
+    x, y = data[0], data[1]
+    weight = data[2] if len(data) == 3 else np.ones(num_examples, "float32")
+    constants = tf.nest.map_structure(tf.constant, (x, y, weight))
+
+    def sample_step(step_seed):
+        seed_pair = tf.stack([step_seed, tf.constant(0, tf.int64)])
+        included = tf.random.stateless_uniform([num_examples], seed=seed_pair) < q
+        indices = tf.cast(tf.where(included)[:, 0], tf.int32)
+        size = tf.size(indices)
+        check = tf.debugging.assert_less_equal(
+            size, capacity,
+            message=(
+                f"A Poisson batch exceeded the capacity {capacity} (chance"
+                f" {overflow:.2e} per step); no example is dropped silently:"
+                " lower max_overflow_probability and retry."
+            ),
+        )
+        with tf.control_dependencies([check]):
+            padding = capacity - size
+
+        def gather_and_pad(array):
+            rows = tf.gather(array, indices)
+            pad = tf.zeros(
+                tf.concat([[padding], tf.shape(array)[1:]], 0), array.dtype
+            )
+            return tf.concat([rows, pad], 0)
+
+        bx, by, bw = tf.nest.map_structure(gather_and_pad, constants)
+        bw = tf.cast(bw, tf.float32)
+        return tf.nest.map_structure(
+            lambda t: tf.reshape(
+                t, tf.concat([[k, physical_batch_size], tf.shape(t)[1:]], 0)
+            ),
+            (bx, by, bw),
+        )
+
+    dataset = (
+        tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        .take(steps_per_epoch)
+        .map(sample_step, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return PoissonBatches(
+        dataset=dataset,
+        sampling_rate=q,
+        expected_batch_size=expected_batch_size,
+        capacity=capacity,
+        accumulation_steps=k,
+        steps_per_epoch=steps_per_epoch,
+        overflow_probability=overflow,
+    )
