@@ -1,0 +1,101 @@
+"""Runs in its own process: R logical CPU devices under MirroredStrategy.
+
+Logical devices must be configured before TensorFlow initializes, which the
+other tests in the pytest process have already done; `distribute_test.py`
+runs this script and reads the JSON it prints.
+"""
+
+import json
+import sys
+
+import tensorflow as tf
+
+_REPLICAS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * _REPLICAS,
+)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tf_dpadam  # noqa: E402
+
+
+_STRATEGIES = {}
+
+
+def _strategy(replicas):
+    # One MirroredStrategy per process: a second one would reuse the
+    # collective instance keys of the first.
+    if replicas == 1:
+        return tf.distribute.get_strategy()
+    if replicas not in _STRATEGIES:
+        _STRATEGIES[replicas] = tf.distribute.MirroredStrategy(
+            [f"/cpu:{i}" for i in range(replicas)]
+        )
+    return _STRATEGIES[replicas]
+
+
+def noise_free_weights(replicas, batch_size):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 6)).astype("float32")
+    y = rng.integers(0, 3, 32)
+    with _strategy(replicas).scope():
+        keras.utils.set_random_seed(1)
+        base = keras.Sequential([
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh"),
+            keras.layers.Dense(3),
+        ])
+        model = tf_dpadam.make_private(base, seed=2)
+        model.compile(
+            optimizer=tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=0.3, noise_multiplier=0.0, phi=1e-4,
+                epsilon=1e-6, learning_rate=0.01, batch_size=batch_size,
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return [w.numpy().tolist() for w in base.weights]
+
+
+def noise_update(replicas, units, sigma, clip, batch, batch_size):
+    with _strategy(replicas).scope():
+        base = keras.Sequential([
+            keras.Input((units,)),
+            keras.layers.Dense(units, use_bias=False,
+                               kernel_initializer="zeros"),
+        ])
+        model = tf_dpadam.make_private(base, seed=3)
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0,
+                batch_size=batch_size,
+            ),
+            loss="mse",
+        )
+    x = np.zeros((batch, units), "float32")
+    model.fit(x, x, batch_size=batch, verbose=0)
+    return {
+        "std": float(np.std(-base.weights[0].numpy())),
+        "size": int(base.weights[0].numpy().size),
+        "phi": float(model.optimizer.noise_phi()),
+    }
+
+
+def main():
+    result = {
+        "replicas": _REPLICAS,
+        "single": noise_free_weights(1, None),
+        "replicated": noise_free_weights(_REPLICAS, None),
+        "single_fixed_b": noise_free_weights(1, 16),
+        "replicated_fixed_b": noise_free_weights(_REPLICAS, 16),
+        "noise_counted_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, None),
+        "noise_fixed_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, 40),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

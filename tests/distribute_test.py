@@ -1,0 +1,49 @@
+"""tf.distribute replicas: one noise draw in total and the global B."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from absl.testing import absltest
+
+_REPLICAS = 4
+
+
+class DistributeTest(absltest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        script = os.path.join(os.path.dirname(__file__), "distribute_check.py")
+        run = subprocess.run(
+            [sys.executable, script, str(_REPLICAS)],
+            capture_output=True, text=True, timeout=600, check=False,
+        )
+        lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
+        if run.returncode != 0 or not lines:
+            raise AssertionError(f"distribute_check.py failed:\n{run.stderr}")
+        cls.result = json.loads(lines[-1][len("RESULT "):])
+
+    def test_replicas_give_the_single_device_weights(self):
+        self.assertEqual(self.result["replicas"], _REPLICAS)
+        for single, replicated in (("single", "replicated"),
+                                   ("single_fixed_b", "replicated_fixed_b")):
+            for a, b in zip(self.result[single], self.result[replicated]):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_noise_is_added_once_over_the_global_batch(self):
+        sigma, clip = 1.3, 0.5
+        for key, denominator in (("noise_counted_b", 32), ("noise_fixed_b", 40)):
+            stats = self.result[key]
+            expected = sigma * clip / denominator
+            # 102,400 coordinates: relative standard error of the sample std
+            # is 1/sqrt(2n) = 0.22%; 1.5% is ~7 of them. Noise per replica
+            # would give sqrt(R) = 2x, noise scaled by 1/R would give 0.25x.
+            self.assertAlmostEqual(stats["std"] / expected, 1.0, delta=0.015)
+            self.assertAlmostEqual(stats["phi"] / expected**2, 1.0, places=5)
+
+
+if __name__ == "__main__":
+    absltest.main()
