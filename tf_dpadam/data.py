@@ -105,7 +105,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
             structures of them) sharing the first dimension N.
         expected_batch_size: B; the sampling rate is q = B / N.
         physical_batch_size: b, the batch that fits in memory; defaults to
-            the capacity M (k = 1).
+            the capacity M (k = 1), then a multiple of 8.
         steps_per_epoch: logical steps per pass; defaults to ceil(N / B).
         seed: optional int; every pass draws new batches either way.
         max_overflow_probability: bound on P(batch size > M) per step.
@@ -140,8 +140,10 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         )
     q = expected_batch_size / num_examples
     if physical_batch_size is None:
+        # A multiple of 8, so that the batch splits evenly over up to 8
+        # tf.distribute replicas (a TPU's cores).
         capacity, overflow = poisson_capacity(
-            num_examples, expected_batch_size, 1, max_overflow_probability
+            num_examples, expected_batch_size, 8, max_overflow_probability
         )
         physical_batch_size = capacity
     else:
