@@ -1,0 +1,220 @@
+"""Step time and peak memory of DP training against non-private Keras Adam.
+
+    python benchmarks/benchmark.py                 # all configurations
+    python benchmarks/benchmark.py --configs=cnn --jit=false
+
+Each (configuration, variant) runs in a process of its own, so that its peak
+memory is its own: the process builds the model and data, measures its
+resident memory, warms up (tracing / compiling), then times `--steps` train
+steps and reports the median step time and the peak resident memory above
+what it had before training. The parent prints the ratios of the DP variants
+to the non-private step measured in the same run of this script.
+
+Configurations:
+  cnn:       the paper's CNN on 32x32x3 inputs, batch 256.
+  text:      the examples' BERT classifier (last block + head trainable),
+             sequence length 128, batch 32 (the MiniLM preset if installed,
+             else a randomly initialized BERT of the same shape).
+  cnn_accum: the CNN at logical batch 2048 = 8 x 256 with accumulation; its
+             memory is compared with the non-private step at the physical 256.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_list("configs", ["cnn", "text", "cnn_accum"], "Configurations.")
+flags.DEFINE_list("jit", ["false", "true"], "XLA settings to measure.")
+flags.DEFINE_integer("steps", 10, "Timed steps after warm-up.")
+flags.DEFINE_integer("warmup", 3, "Untimed steps first.")
+flags.DEFINE_string("output", None, "Also write the results as JSON here.")
+flags.DEFINE_string("child", None, "Internal: run one variant, as JSON.")
+FLAGS = flags.FLAGS
+
+# (configuration, variant) pairs; "nonprivate" is the reference of its
+# configuration. cnn_accum is compared with cnn's nonprivate step.
+_VARIANTS = {
+    "cnn": ["nonprivate", "dpadam_corrected"],
+    "text": ["nonprivate", "dpadam_corrected"],
+    "cnn_accum": ["dpadam_corrected"],
+}
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cnn_setup(batch, steps):
+    import numpy as np
+
+    from examples import models
+
+    x = np.random.default_rng(0).random((batch, 32, 32, 3), "float32")
+    y = np.random.default_rng(1).integers(0, 10, batch)
+    return (lambda: models.make_cnn((32, 32, 3), 10)), x, y
+
+
+def _text_setup(batch, steps):
+    import numpy as np
+
+    from examples import models
+
+    model, preprocessor = models.make_benchmark_text_classifier(
+        num_classes=3, sequence_length=128
+    )
+    x = preprocessor(["a fairly long sentence for the benchmark"] * batch)
+    x = {k: np.asarray(v) for k, v in x.items()}
+    y = np.random.default_rng(1).integers(0, 3, batch)
+    return (lambda: model), x, y
+
+
+def _child(spec):
+    config, variant, jit = spec["config"], spec["variant"], spec["jit"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tf_dpadam
+
+    tf.get_logger().setLevel("ERROR")
+    physical = 32 if config == "text" else 256
+    accumulation = 8 if config == "cnn_accum" else 1
+    if config == "text":
+        build, x, y = _text_setup(physical, FLAGS.steps)
+    else:
+        build, x, y = _cnn_setup(physical, FLAGS.steps)
+    model = build()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if variant == "nonprivate":
+        optimizer = keras.optimizers.Adam(1e-3)
+    else:
+        model = tf_dpadam.make_private(model, seed=0)
+        optimizer = tf_dpadam.DPAdamCorrected(
+            l2_norm_clip=1.0, noise_multiplier=1.0,
+            batch_size=physical * accumulation,
+            gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+        )
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    baseline = _rss_bytes()
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    warmup = FLAGS.warmup * accumulation
+    model.fit(dataset, steps_per_epoch=warmup, verbose=0)
+    times.clear()
+    timed = FLAGS.steps * accumulation
+    model.fit(dataset, steps_per_epoch=timed, verbose=0, callbacks=[Timer()])
+    # Time per physical batch; a logical step of cnn_accum is 8 of them.
+    return {
+        "config": config,
+        "variant": variant,
+        "jit": jit,
+        "physical_batch": physical,
+        "logical_batch": physical * accumulation,
+        "median_step_seconds": statistics.median(times),
+        "peak_extra_bytes": _peak_rss_bytes() - baseline,
+        "trainable_parameters": int(
+            sum(np.prod(v.shape) for v in model.trainable_variables)
+        ),
+    }
+
+
+def _run_child(spec):
+    command = [sys.executable, os.path.abspath(__file__),
+               f"--child={json.dumps(spec)}", f"--steps={FLAGS.steps}",
+               f"--warmup={FLAGS.warmup}"]
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run(command, capture_output=True, text=True, env=env,
+                         check=False)
+    lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
+    if run.returncode != 0 or not lines:
+        raise RuntimeError(f"{spec} failed:\n{run.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _ratios(results):
+    rows = []
+    reference = {}
+    for r in results:
+        if r["variant"] == "nonprivate":
+            reference[(r["config"], r["jit"])] = r
+    for r in results:
+        if r["variant"] == "nonprivate":
+            continue
+        base_config = "cnn" if r["config"] == "cnn_accum" else r["config"]
+        ref = reference.get((base_config, r["jit"]))
+        if ref is None:
+            continue
+        rows.append({
+            "config": r["config"],
+            "jit": r["jit"],
+            "time_ratio": r["median_step_seconds"] / ref["median_step_seconds"],
+            "memory_ratio": max(r["peak_extra_bytes"], 1)
+            / max(ref["peak_extra_bytes"], 1),
+            "dp_step_s": r["median_step_seconds"],
+            "nonprivate_step_s": ref["median_step_seconds"],
+            "dp_peak_mib": r["peak_extra_bytes"] / 2**20,
+            "nonprivate_peak_mib": ref["peak_extra_bytes"] / 2**20,
+        })
+    return rows
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if FLAGS.child:
+        print("RESULT " + json.dumps(_child(json.loads(FLAGS.child))))
+        return
+    results = []
+    for config in FLAGS.configs:
+        needed = list(_VARIANTS[config])
+        if config == "cnn_accum" and "cnn" not in FLAGS.configs:
+            needed = ["nonprivate@cnn"] + needed
+        for jit in (j.lower() == "true" for j in FLAGS.jit):
+            for variant in needed:
+                name, _, other = variant.partition("@")
+                spec = {"config": other or config, "variant": name, "jit": jit}
+                result = _run_child(spec)
+                results.append(result)
+                print(f"{result['config']:9s} jit={str(jit):5s}"
+                      f" {result['variant']:16s}"
+                      f" {result['median_step_seconds'] * 1000:9.1f} ms/step"
+                      f" peak +{result['peak_extra_bytes'] / 2**20:8.1f} MiB",
+                      flush=True)
+    rows = _ratios(results)
+    print("\nDP-AdamCorrected / non-private Adam (same machine, same run):")
+    print(f"{'config':10s} {'jit':5s} {'time x':>7s} {'memory x':>9s}")
+    for row in rows:
+        note = " (per physical batch of 256; memory vs non-private b=256)" \
+            if row["config"] == "cnn_accum" else ""
+        print(f"{row['config']:10s} {str(row['jit']):5s}"
+              f" {row['time_ratio']:7.2f} {row['memory_ratio']:9.2f}{note}")
+    if FLAGS.output:
+        with open(FLAGS.output, "w") as f:
+            json.dump({"results": results, "ratios": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
