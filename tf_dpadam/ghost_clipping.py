@@ -342,10 +342,14 @@ def _stopped(variable):
 
 class _DenseHandler(_Handler):
 
+    def _product(self, a, kernel):
+        """The layer's `a W` (before bias and activation)."""
+        return ops.matmul(a, kernel)
+
     def intercept(self, session, original, *args, **kwargs):
         layer = self.layer
         a = _first_input(args, kwargs)
-        z = ops.matmul(a, _stopped(layer.kernel))
+        z = self._product(a, _stopped(layer.kernel))
         if layer.bias is not None:
             z = ops.add(z, _stopped(layer.bias))
         session.tape.watch(z)
@@ -429,17 +433,10 @@ def _transpose_to(tensor, spec, target):
     return tf.transpose(tensor, perm)
 
 
-class _EinsumDenseHandler(_Handler):
+class _EinsumDenseHandler(_DenseHandler):
 
-    def intercept(self, session, original, *args, **kwargs):
-        layer = self.layer
-        a = _first_input(args, kwargs)
-        z = ops.einsum(layer.equation, a, _stopped(layer.kernel))
-        if layer.bias is not None:
-            z = ops.add(z, _stopped(layer.bias))
-        session.tape.watch(z)
-        self.records.append({"a": session.check_batch(a, layer), "taps": [z]})
-        return layer.activation(z) if layer.activation is not None else z
+    def _product(self, a, kernel):
+        return ops.einsum(self.layer.equation, a, kernel)
 
     def blocks(self, session, tap_grads):
         layer = self.layer
