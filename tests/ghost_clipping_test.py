@@ -1,5 +1,7 @@
 """Ghost clipping in lockstep with explicit per-example clipping."""
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -219,6 +221,26 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         x, y = _normal((_B, 9, 8, 3)), _normal((_B, 3), seed=1)
         self.assert_kinds(model, conv2d="ghost")
         self.assert_lockstep(model, x, y, jit=jit)
+
+    @parameterized.named_parameters(
+        ("graph", False), ("jit", True),
+    )
+    def test_conv_norms_in_chunks(self, jit):
+        # 9 x 8 positions x 27 patch floats = 1944 per example: chunks of 3
+        # examples, the last one of the 8 short (padded inside).
+        model = _sequential(
+            (9, 8, 3),
+            keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
+                                name="conv2d"),
+            keras.layers.Conv2D(2, 3, padding="valid", dilation_rate=2,
+                                name="dilated"),
+            keras.layers.Flatten(), keras.layers.Dense(3),
+        )
+        x, y = _normal((_B, 9, 8, 3)), _normal((_B, 3), seed=1)
+        with mock.patch.object(
+            ghost_clipping, "CONV_PATCH_FLOATS_PER_CHUNK", 3 * 9 * 8 * 27
+        ):
+            self.assert_lockstep(model, x, y, jit=jit)
 
     @parameterized.named_parameters(
         ("same", {"padding": "same"}),

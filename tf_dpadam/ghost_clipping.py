@@ -109,6 +109,11 @@ class GhostClippingUnsupportedError(Exception):
 MATERIALIZE_MAX_RATIO = 1.0
 # When T is not known statically: materialize while d p is at most this.
 MATERIALIZE_MAX_UNKNOWN_T = 1 << 16
+# Convolutions: the image patches of a layer's input are `T d` floats per
+# example. The per-example norms take the batch in chunks of about this many
+# patch floats (at least one example), so that the patches of the whole batch
+# are never held at once; the clipped sum needs no patches at all.
+CONV_PATCH_FLOATS_PER_CHUNK = 1 << 22
 
 # Layers that are never looked into (their sublayers run inside control flow
 # or on reshaped batches): with trainable weights they are fallback units.
@@ -582,44 +587,128 @@ class _ConvHandler(_Handler):
         })
         return layer.activation(z) if layer.activation is not None else z
 
-    def _patches(self, x, padding):
-        layer = self.layer
-        if layer.data_format == "channels_first":
-            x = tf.transpose(x, [0, *range(2, layer.rank + 2), 1])
-        kernel_size = list(layer.kernel_size)
-        strides = list(layer.strides)
-        rates = list(layer.dilation_rate)
-        if layer.rank == 1:
-            x = x[:, None]
-            kernel_size, strides, rates = [1] + kernel_size, [1] + strides, [1] + rates
-        return _image_patches(x, kernel_size, strides, rates, padding)
-
     def blocks(self, session, tap_grads):
         layer = self.layer
         kernel, bias = self._var("kernel"), self._var("bias")
-        shape = tuple(layer.kernel.shape)
-        d, p = math.prod(shape[:-1]), shape[-1]
-        batch = session.batch_size
-        a_list, g_list = [], []
+        inputs, grads = [], []
         for record, (g,) in zip(self.records, tap_grads):
-            patches = self._patches(ops.cast(record["a"], "float32"),
-                                    record["padding"])
+            x = ops.cast(record["a"], "float32")
             g = ops.cast(g, "float32")
             if layer.data_format == "channels_first":
+                x = tf.transpose(x, [0, *range(2, layer.rank + 2), 1])
                 g = tf.transpose(g, [0, *range(2, layer.rank + 2), 1])
-            a_list.append(tf.reshape(patches, [batch, -1, d]))
-            g_list.append(tf.reshape(g, [batch, -1, p]))
-        g_all = ops.concatenate(g_list, axis=1)
+            if layer.rank == 1:
+                x, g = x[:, None], g[:, None]
+            inputs.append((x, record["padding"]))
+            grads.append(g)
         out = {}
         if kernel is not None:
-            out[id(kernel)] = [_LinearBlock(
-                ops.concatenate(a_list, axis=1), g_all,
-                to_matrix=lambda w: tf.reshape(ops.cast(w, "float32"), [d, p]),
-                from_matrix=lambda m: tf.reshape(m, shape),
-            )]
+            out[id(kernel)] = [_ConvBlock(self, inputs, grads, session)]
         if bias is not None:
-            out[id(bias)] = [_MaterializedBlock(ops.sum(g_all, axis=1))]
+            out[id(bias)] = [_MaterializedBlock(tf.add_n([
+                ops.sum(g, axis=(1, 2)) for g in grads
+            ]))]
         return out
+
+
+class _ConvBlock:
+    """A convolution kernel used on one or more inputs (channels last, 2-D).
+
+    Example i's kernel gradient is `sum_t patch_t(x_i)^T g_{i,t}`, a
+    `_LinearBlock` on image patches. The squared norms are computed from the
+    patches of a chunk of examples at a time (`CONV_PATCH_FLOATS_PER_CHUNK`),
+    one chunk after the other; the clipped sum `sum_i c_i grad_i` is the
+    kernel gradient of the batched convolution with output gradients
+    `c_i g_i` (one filter-gradient op, no patches).
+    """
+
+    def __init__(self, handler, inputs, grads, session):
+        layer = handler.layer
+        self.layer = layer
+        self.inputs, self.grads = inputs, grads
+        self.batch_size = session.batch_size
+        self.shape = tuple(layer.kernel.shape)
+        self.kernel_size = list(layer.kernel_size)
+        self.strides = list(layer.strides)
+        self.rates = list(layer.dilation_rate)
+        if layer.rank == 1:
+            self.kernel_size = [1] + self.kernel_size
+            self.strides = [1] + self.strides
+            self.rates = [1] + self.rates
+        self.d = math.prod(self.shape[:-1])
+        self.p = self.shape[-1]
+        positions = [
+            math.prod(g.shape[1:3]) if None not in g.shape[1:3] else None
+            for g in grads
+        ]
+        if None in positions:
+            self.chunk = 32
+        else:
+            self.chunk = max(
+                1, CONV_PATCH_FLOATS_PER_CHUNK // (sum(positions) * self.d)
+            )
+
+    def _to_matrix(self, w):
+        return tf.reshape(ops.cast(w, "float32"), [self.d, self.p])
+
+    def _linear_block(self, inputs, grads, start=0, size=None):
+        """The `_LinearBlock` of examples `start` to `start + size` (all)."""
+        a_list, g_list = [], []
+        for (x, padding), g in zip(inputs, grads):
+            if size is not None:
+                # A static size, so that XLA sees static shapes in the loop.
+                x = tf.slice(x, [start, 0, 0, 0], [size, -1, -1, -1])
+                g = tf.slice(g, [start, 0, 0, 0], [size, -1, -1, -1])
+            patches = _image_patches(x, self.kernel_size, self.strides,
+                                     self.rates, padding)
+            t = patches.shape[1] * patches.shape[2] if None not in (
+                patches.shape[1], patches.shape[2]) else -1
+            a_list.append(tf.reshape(patches, [tf.shape(x)[0], t, self.d]))
+            g_list.append(tf.reshape(g, [tf.shape(x)[0], t, self.p]))
+        a = ops.concatenate(a_list, axis=1) if len(a_list) > 1 else a_list[0]
+        g = ops.concatenate(g_list, axis=1) if len(g_list) > 1 else g_list[0]
+        return _LinearBlock(a, g, self._to_matrix, None)
+
+    def squared_norms(self, reg_grad=None):
+        static = self.grads[0].shape[0]
+        if static is not None and static <= self.chunk:
+            block = self._linear_block(self.inputs, self.grads)
+            return block.squared_norms(reg_grad)
+        chunk = self.chunk
+        count = (self.batch_size + chunk - 1) // chunk
+        # Zero examples fill the last chunk: their norms are 0, cut below.
+        extra = [[0, count * chunk - self.batch_size], [0, 0], [0, 0], [0, 0]]
+        inputs = [(tf.pad(x, extra), padding) for x, padding in self.inputs]
+        grads = [tf.pad(g, extra) for g in self.grads]
+
+        def one_chunk(i):
+            block = self._linear_block(inputs, grads, i * chunk, chunk)
+            return block.squared_norms(reg_grad)
+
+        # One chunk at a time: parallel iterations would hold their patches
+        # together again.
+        norms = tf.map_fn(
+            one_chunk, tf.range(count),
+            fn_output_signature=tf.TensorSpec([chunk], tf.float32),
+            parallel_iterations=1,
+        )
+        return tf.reshape(norms, [-1])[:self.batch_size]
+
+    def clipped_sum(self, factors):
+        kernel = tf.zeros(
+            self.kernel_size + [self.shape[-2], self.p], tf.float32
+        )
+        weighted = [g * factors[:, None, None, None] for g in self.grads]
+        with tf.GradientTape() as tape:
+            tape.watch(kernel)
+            outputs = [
+                tf.nn.convolution(x, kernel, strides=self.strides,
+                                  padding=padding.upper(),
+                                  dilations=self.rates)
+                for x, padding in self.inputs
+            ]
+        matrix = tape.gradient(outputs, kernel, output_gradients=weighted)
+        return tf.reshape(matrix, self.shape)
 
 
 class _EmbeddingHandler(_Handler):
