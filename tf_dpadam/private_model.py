@@ -28,6 +28,18 @@ CLIPPING_METHODS = ("auto", "ghost", "vectorized")
 # bound one example's influence.
 _EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
 
+# Shown whenever a model with `diagnostics=True` is made (or loaded).
+DIAGNOSTICS_WARNING = (
+    "make_private(diagnostics=True) is NOT differentially private. Every"
+    " step also stores the clipped but un-noised mean gradient of the batch"
+    " (`model.clean_gradients`), and tf_dpadam.diagnostics.MomentDiagnostics"
+    " builds Adam moments from it: these variables and everything computed"
+    " from them (tables, histograms) reveal information about individual"
+    " training examples that no epsilon accounts for. The weights follow the"
+    " same private trajectory as without diagnostics. Use it for research on"
+    " public or synthetic data only, and never release its outputs."
+)
+
 
 def check_no_example_mixing(model):
     """Raises if a trainable layer of `model` mixes examples in training.
@@ -74,17 +86,36 @@ def _require_dp_optimizer(optimizer):
         )
 
 
+class _Untracked:
+    """Holds a value out of sight of Keras' and TensorFlow's tracking.
+
+    The diagnostics variables live here so that they are not model weights:
+    not in `model.weights`, and never written by `model.save` (a saved model
+    must not carry a clean gradient).
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+
 @keras.saving.register_keras_serializable(package="tf_dpadam")
 class PrivateModel(keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
-    def __init__(self, base_model, seed=None, clipping="auto", **kwargs):
+    def __init__(self, base_model, seed=None, clipping="auto",
+                 diagnostics=False, **kwargs):
         super().__init__(**kwargs)
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
                 f"Expected clipping={clipping!r} to be one of"
                 f" {CLIPPING_METHODS}."
             )
+        if not isinstance(diagnostics, bool):
+            raise ValueError(
+                f"Expected diagnostics={diagnostics!r} to be True or False."
+            )
+        if diagnostics:
+            warnings.warn(DIAGNOSTICS_WARNING, stacklevel=2)
         if not isinstance(base_model, keras.Model):
             raise ValueError(
                 f"Expected base_model to be a keras.Model, got {base_model!r}."
@@ -95,6 +126,8 @@ class PrivateModel(keras.Model):
         self.base_model = base_model
         self.seed = seed
         self.clipping = clipping
+        self.diagnostics = diagnostics
+        self._clean_gradients = _Untracked(None)
         # The method the last traced train step used, and why ghost clipping
         # was not ("auto" only): set at trace time, for users and tests.
         self.clipping_used = None
@@ -112,6 +145,8 @@ class PrivateModel(keras.Model):
         optimizer = keras.optimizers.get(optimizer)
         _require_dp_optimizer(optimizer)
         super().compile(optimizer, *args, **kwargs)
+        if self.diagnostics and self.built:
+            self._build_clean_gradients()
 
     def compile_from_config(self, config):
         # Keras skips models that override `compile`; ours only adds a check.
@@ -201,6 +236,8 @@ class PrivateModel(keras.Model):
             return self.compute_metrics(x, y, self(x), sample_weight)
         if not optimizer.built:
             optimizer.build(variables)
+        if self.diagnostics:
+            self._build_clean_gradients()
         present = _present_examples(x, sample_weight)
 
         # Phases 1 and 2: per-example gradients, clipped and summed.
@@ -287,6 +324,8 @@ class PrivateModel(keras.Model):
         optimizer = self.optimizer
         config = optimizer.dp_config
         denominator = config.denominator(count)
+        if self.diagnostics:
+            self._record_clean_gradients(summed, denominator)
         noised = privatizer.add_noise(
             summed,
             config.noise_stddev,
@@ -295,6 +334,62 @@ class PrivateModel(keras.Model):
         )
         private_grads = privatizer.scale(noised, denominator)
         optimizer.apply_private(private_grads, variables, denominator)
+
+    # Diagnostics (diagnostics=True only; NOT private).
+    @property
+    def clean_gradients(self):
+        """The clean gradient of the last DP step, or None (NOT private).
+
+        With `diagnostics=True`: one variable per trainable variable holding
+        the clipped but un-noised gradient sum_i clip(g_i) / B of the last DP
+        (logical) step, B being the very denominator of the private
+        gradient. Not model weights and not saved. None before they exist
+        and always with `diagnostics=False`.
+        """
+        return self._clean_gradients.value
+
+    def _build_clean_gradients(self):
+        """Creates the clean-gradient variables (anew after model changes)."""
+        variables = self.trainable_variables
+        existing = self._clean_gradients.value
+        if existing is not None and [v.shape for v in existing] == [
+            v.shape for v in variables
+        ]:
+            return
+        if (tf.distribute.has_strategy()
+                and not tf.distribute.in_cross_replica_context()):
+            # In a replica's train step: too late to create mirrored state.
+            raise ValueError(
+                "make_private(diagnostics=True) under tf.distribute needs the"
+                " model built before `compile` (e.g. start it with"
+                " keras.Input), so that its clean-gradient variables are"
+                " created in the strategy's scope."
+            )
+        self._clean_gradients.value = [
+            keras.Variable(
+                initializer=keras.initializers.Zeros(),
+                shape=v.shape,
+                dtype=v.dtype,
+                trainable=False,
+                # The value is the same on every replica (see below).
+                aggregation="only_first_replica",
+                name=f"dp_diagnostics_clean_gradient_{i}",
+            )
+            for i, v in enumerate(variables)
+        ]
+
+    def _record_clean_gradients(self, summed, denominator):
+        """Stores sum_i clip(g_i) / B, the private gradient without noise.
+
+        Under tf.distribute `summed` has been summed over the replicas and
+        divided by R (see `_noise_scale_apply`), so R times it is the whole
+        clipped sum, the same on every replica.
+        """
+        replicas = privatizer.num_replicas()
+        for variable, g in zip(
+            self._clean_gradients.value, privatizer.scale(summed, denominator)
+        ):
+            variable.assign(g * replicas if replicas > 1 else g)
 
     def _accumulate(self, summed, count, variables):
         """Adds a micro-batch to the logical step; steps at every k-th one.
@@ -333,6 +428,7 @@ class PrivateModel(keras.Model):
             "trainable": self.trainable,
             "seed": self.seed,
             "clipping": self.clipping,
+            "diagnostics": self.diagnostics,
             "base_model": keras.saving.serialize_keras_object(self.base_model),
         }
 
@@ -345,7 +441,7 @@ class PrivateModel(keras.Model):
         return cls(base_model, **config)
 
 
-def make_private(model, *, seed=None, clipping="auto"):
+def make_private(model, *, seed=None, clipping="auto", diagnostics=False):
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -371,6 +467,15 @@ def make_private(model, *, seed=None, clipping="auto"):
             "vectorized": every example's full gradient by `tf.vectorized_map`
             of a one-example backward pass. "ghost": ghost clipping or a
             `ValueError` saying why not. The privacy guarantee is the same.
+        diagnostics: False (default) for ordinary DP training. True is a
+            research mode that is NOT differentially private: every DP step
+            also writes the clipped but un-noised mean gradient to
+            `model.clean_gradients`, from which
+            `tf_dpadam.diagnostics.MomentDiagnostics` compares Adam's clean
+            and private moments (the paper's Table 2 and Figure 2). The
+            weights follow the same trajectory (same noise) as without it,
+            but the clean gradients and all that is computed from them leak
+            private information; a warning says so.
 
     Returns:
         A `PrivateModel`.
@@ -379,5 +484,6 @@ def make_private(model, *, seed=None, clipping="auto"):
         ValueError: if a layer mixes examples (the layer is named).
     """
     return PrivateModel(
-        model, seed=seed, clipping=clipping, name=f"private_{model.name}"
+        model, seed=seed, clipping=clipping, diagnostics=diagnostics,
+        name=f"private_{model.name}",
     )
