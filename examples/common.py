@@ -184,6 +184,17 @@ def total_steps(config, num_examples):
     return max(1, round(config.epochs * num_examples / config.batch_size))
 
 
+def spent_epsilon(config, steps, num_examples):
+    """Epsilon at `config.delta` after `steps` (infinite without noise)."""
+    if config.noise_multiplier == 0:
+        return math.inf
+    return tf_dpadam.epsilon_after_steps(
+        steps=steps, num_examples=num_examples,
+        batch_size=config.batch_size,
+        noise_multiplier=config.noise_multiplier, delta=config.delta,
+    )
+
+
 class StepLog(keras.callbacks.Callback):
     """Records the logical step, test metrics and epsilon per evaluation."""
 
@@ -264,11 +275,7 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None):
     wall = time.time() - start
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
     steps_done = int(model.optimizer.iterations.numpy())
-    epsilon = tf_dpadam.epsilon_after_steps(
-        steps=steps_done, num_examples=num_examples,
-        batch_size=config.batch_size,
-        noise_multiplier=config.noise_multiplier, delta=config.delta,
-    ) if config.noise_multiplier > 0 else math.inf
+    epsilon = spent_epsilon(config, steps_done, num_examples)
     results = {
         "config": dataclasses.asdict(config),
         "num_examples": num_examples,

@@ -113,11 +113,7 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
     wall = time.time() - start
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
     steps_done = int(model.optimizer.iterations.numpy())
-    epsilon = tf_dpadam.epsilon_after_steps(
-        steps=steps_done, num_examples=num_examples,
-        batch_size=config.batch_size,
-        noise_multiplier=config.noise_multiplier, delta=config.delta,
-    ) if config.noise_multiplier > 0 else math.inf
+    epsilon = common.spent_epsilon(config, steps_done, num_examples)
     return moments, {
         "num_examples": num_examples,
         "steps": steps_done,
