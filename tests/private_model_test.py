@@ -107,6 +107,30 @@ class MakePrivateTest(parameterized.TestCase):
             model.predict(x, verbose=0), base.predict(x, verbose=0), rtol=1e-6
         )
 
+    @parameterized.parameters("auto", "vectorized")
+    def test_model_without_input_builds_on_first_step(self, clipping):
+        # No keras.Input: the layers and the optimizer get their weights on
+        # the first traced step (this used to fail with "tf.function only
+        # supports singleton tf.Variables").
+        keras.utils.set_random_seed(0)
+        base = keras.Sequential(
+            [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)]
+        )
+        model = tf_dpadam.make_private(base, seed=0, clipping=clipping)
+        model.compile(
+            optimizer=tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=1.0, noise_multiplier=0.5
+            ),
+            loss=_LOSS,
+        )
+        x = np.random.default_rng(0).random((16, 5)).astype("float32")
+        y = np.random.default_rng(1).integers(0, 3, 16)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        self.assertEqual(int(model.optimizer.iterations), 2)
+        self.assertEqual(model.clipping_used,
+                         "ghost" if clipping == "auto" else "vectorized")
+        self.assertLen(base.trainable_variables, 4)
+
     def test_jit_and_eager_graph_agree_without_noise(self):
         results = []
         for jit in (False, True):

@@ -230,6 +230,11 @@ class PrivateModel(keras.Model):
         _require_dp_optimizer(optimizer)
         check_no_example_mixing(self.base_model)
         config = optimizer.dp_config
+        if not all(layer.built for layer in self._flatten_layers()):
+            # A model without `keras.Input` builds on its first call: make
+            # that call here, on the first trace, so that its weights (and
+            # the optimizer's) exist before the step reads them.
+            self(x, training=False)
         variables = self.trainable_variables
         if not variables:
             warnings.warn("The model does not have any trainable weights.")
