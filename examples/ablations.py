@@ -593,7 +593,7 @@ def _fmt_phi(arm):
 
 def plot_ablation(path, ablation, records, seed, phi):
     """Final accuracy vs the swept value (log axis) and accuracy vs step."""
-    figure = reproduce._figure(11.0, 4.0)
+    figure = reproduce.new_figure(11.0, 4.0)
     left = figure.add_subplot(1, 2, 1)
     right = figure.add_subplot(1, 2, 2)
     colors = {}
@@ -772,9 +772,9 @@ def render_markdown(*, ablations, records, seed, spread_seeds, base, sweeps,
                 lines.append(head + " not run | | | |")
             else:
                 lines.append(
-                    head + f" {reproduce._pct(record.accuracy)} | "
+                    head + f" {reproduce.format_percent(record.accuracy)} | "
                     f"{record.epsilon:.3f} | {record.steps} | "
-                    f"{reproduce._seconds(record.wall_seconds)} |")
+                    f"{reproduce.format_seconds(record.wall_seconds)} |")
         lines.append("")
         lines.append(_describe(ablation, records, seed, phi, noise_points))
         lines.append("")
@@ -795,7 +795,7 @@ def render_markdown(*, ablations, records, seed, spread_seeds, base, sweeps,
             record = records.get((reference, s))
             lines.append(
                 f"| {s} | not run | | |" if record is None else
-                f"| {s} | {reproduce._pct(record.accuracy)} | "
+                f"| {s} | {reproduce.format_percent(record.accuracy)} | "
                 f"{record.epsilon:.3f} | {record.steps} |")
         lines.append("")
     total = sum(r.wall_seconds or 0.0 for r in runs)

@@ -597,11 +597,11 @@ def best_of_tuning(plan, records):
 # The report.
 
 
-def _pct(x):
+def format_percent(x):
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.2f}"
 
 
-def _seconds(x):
+def format_seconds(x):
     return "n/a" if x is None else f"{x:.0f}"
 
 
@@ -726,7 +726,7 @@ def render_markdown(*, plan, records, best, command, machine, plots):
         if runs:
             summary[name] = aggregate_seeds(r.accuracy for r in runs)
             mean, std, n = summary[name]
-            acc = f"{_pct(mean)} ± {_pct(std)}"
+            acc = f"{format_percent(mean)} ± {format_percent(std)}"
             eps = f"{max(r.epsilon for r in runs):.3f}"
             lr, gamma = f"{setting.learning_rate:g}", format_gamma(setting)
         else:
@@ -770,9 +770,9 @@ def render_markdown(*, plan, records, best, command, machine, plots):
                 continue
             lines.append(
                 f"| {OPTIMIZER_NAMES[name]} | {setting.learning_rate:g} | "
-                f"{format_gamma(setting)} | {_pct(record.accuracy)}{mark} | "
+                f"{format_gamma(setting)} | {format_percent(record.accuracy)}{mark} | "
                 f"{record.epsilon:.3f} | {record.steps} | "
-                f"{_seconds(record.wall_seconds)} |")
+                f"{format_seconds(record.wall_seconds)} |")
     lines += [
         "",
         f"![Tuning grid]({plots['tuning']})",
@@ -787,9 +787,9 @@ def render_markdown(*, plan, records, best, command, machine, plots):
     ]
     for name in sorted(records):
         r = records[name]
-        lines.append(f"| `{name}` | {r.seed} | {_pct(r.accuracy)} | "
+        lines.append(f"| `{name}` | {r.seed} | {format_percent(r.accuracy)} | "
                      f"{r.epsilon:.3f} | {r.steps} | "
-                     f"{_seconds(r.wall_seconds)} | "
+                     f"{format_seconds(r.wall_seconds)} | "
                      f"{'yes' if r.resumed else 'no'} |")
     total = sum(r.wall_seconds or 0.0 for r in records.values())
     lines += ["", f"Total wall time: {total:.0f} s ({total / 3600:.2f} h) "
@@ -797,7 +797,7 @@ def render_markdown(*, plan, records, best, command, machine, plots):
     return "\n".join(lines)
 
 
-def _figure(width, height):
+def new_figure(width, height):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -808,7 +808,7 @@ def _figure(width, height):
 
 def plot_curves(path, plan, records, best):
     """Test accuracy vs step of each best setting, mean ± std over seeds."""
-    figure = _figure(6.5, 4.2)
+    figure = new_figure(6.5, 4.2)
     axes = figure.add_subplot()
     for name, setting in best.items():
         histories = [records[run_name(setting, s)].history
@@ -833,7 +833,7 @@ def plot_curves(path, plan, records, best):
 def plot_tuning(path, plan, records):
     """Final accuracy vs learning rate, one panel per optimizer, one line
     per gamma."""
-    figure = _figure(4.0 * len(plan.grids), 3.6)
+    figure = new_figure(4.0 * len(plan.grids), 3.6)
     for i, (name, grid) in enumerate(plan.grids.items()):
         axes = figure.add_subplot(1, len(plan.grids), i + 1)
         gammas = list(dict.fromkeys(s.gamma for s in grid))
