@@ -184,6 +184,19 @@ def total_steps(config, num_examples):
     return max(1, round(config.epochs * num_examples / config.batch_size))
 
 
+def poisson_plan(config, train):
+    """`(N, T, batches)`: the examples, the steps and their Poisson batches."""
+    num_examples = len(train[1])
+    batches = tf_dpadam.data.poisson_batches(
+        train,
+        expected_batch_size=config.batch_size,
+        physical_batch_size=config.physical_batch_size,
+        steps_per_epoch=config.eval_every,
+        seed=config.seed,
+    )
+    return num_examples, total_steps(config, num_examples), batches
+
+
 def spent_epsilon(config, steps, num_examples):
     """Epsilon at `config.delta` after `steps` (infinite without noise)."""
     if config.noise_multiplier == 0:
@@ -224,15 +237,7 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None):
     """
     del num_classes
     keras.utils.set_random_seed(config.seed)
-    num_examples = len(train[1])
-    steps = total_steps(config, num_examples)
-    batches = tf_dpadam.data.poisson_batches(
-        train,
-        expected_batch_size=config.batch_size,
-        physical_batch_size=config.physical_batch_size,
-        steps_per_epoch=config.eval_every,
-        seed=config.seed,
-    )
+    num_examples, steps, batches = poisson_plan(config, train)
     k = batches.accumulation_steps
     checkpoint = None
     model = None

@@ -81,15 +81,7 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
         and a dict of the run's settings and test metrics.
     """
     keras.utils.set_random_seed(config.seed)
-    num_examples = len(train[1])
-    steps = common.total_steps(config, num_examples)
-    batches = tf_dpadam.data.poisson_batches(
-        train,
-        expected_batch_size=config.batch_size,
-        physical_batch_size=config.physical_batch_size,
-        steps_per_epoch=config.eval_every,
-        seed=config.seed,
-    )
+    num_examples, steps, batches = common.poisson_plan(config, train)
     k = batches.accumulation_steps
     model = tf_dpadam.make_private(model_fn(), seed=config.seed,
                                    diagnostics=True)
