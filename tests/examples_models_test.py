@@ -190,6 +190,40 @@ class TinyBertClassifierTest(parameterized.TestCase):
         for before, v in zip(frozen, model.non_trainable_weights):
             np.testing.assert_array_equal(before, v.numpy())
 
+    @parameterized.parameters(0, 1, 2)
+    def test_split_top_on_frozen_features_is_the_model(self, trainable_layers):
+        _, model, preprocessor = self.make(trainable_layers)
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        frozen, top = models.split_text_classifier(model)
+        features = models.frozen_features(frozen, x)
+        self.assertEqual(features["sequence"].shape, (4, 16, 32))
+        np.testing.assert_allclose(top(features), model(x), atol=1e-6)
+        # The same variables: training the top trains the model.
+        self.assertEqual([id(v) for v in top.trainable_weights],
+                         [id(v) for v in model.trainable_weights])
+
+    def test_private_top_trains_the_models_weights(self):
+        import tf_dpadam
+
+        _, model, preprocessor = self.make()
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        frozen, top = models.split_text_classifier(model)
+        features = models.frozen_features(frozen, x)
+        private = tf_dpadam.make_private(top, seed=0)
+        private.compile(
+            optimizer=tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=0.1, noise_multiplier=0.4, batch_size=4,
+                learning_rate=1e-2,
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        before = model(x).numpy()
+        private.fit(features, LABELS, batch_size=4, epochs=2, verbose=0)
+        self.assertEqual(private.clipping_used, "ghost")
+        after = model(x).numpy()
+        self.assertGreater(np.abs(after - before).max(), 1e-4)
+        np.testing.assert_allclose(top(features), after, atol=1e-6)
+
     @parameterized.parameters(-1, 3)
     def test_bad_trainable_layers(self, trainable_layers):
         with self.assertRaisesRegex(ValueError, "trainable_layers"):
