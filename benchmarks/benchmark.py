@@ -6,9 +6,13 @@
 Each (configuration, variant) runs in a process of its own, so that its peak
 memory is its own: the process builds the model and data, measures its
 resident memory, warms up (tracing / compiling), then times `--steps` train
-steps and reports the median step time and the peak resident memory above
-what it had before training. The parent prints the ratios of the DP variants
-to the non-private step measured in the same run of this script.
+steps and reports the median step time and two peaks of memory above what
+it had before training: the process' resident memory (RSS: what the machine
+sees, including TensorFlow's allocator reserves, oneDNN's caches and the
+traced graphs), and the most bytes of tensors alive at once during the timed
+steps (TensorFlow's allocator statistics; on GPU this is the usual measure).
+The parent prints the ratios of the DP variants to the non-private step
+measured in the same run of this script.
 
 Configurations:
   cnn:       the paper's CNN on 32x32x3 inputs, batch 256.
@@ -58,6 +62,20 @@ def _rss_bytes():
 
 def _peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _allocator_info():
+    """TensorFlow's CPU allocator `{"current", "peak"}` bytes, or None.
+
+    Available when TensorFlow's CPU allocator keeps statistics (the default
+    oneDNN build does; with TF_ENABLE_ONEDNN_OPTS=0 it does not).
+    """
+    import tensorflow as tf
+
+    try:
+        return tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError:
+        return None
 
 
 def _cnn_setup(batch, steps):
@@ -123,6 +141,7 @@ def _child(spec):
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     baseline = _rss_bytes()
+    tensors_before = _allocator_info()
     times = []
 
     class Timer(keras.callbacks.Callback):
@@ -135,6 +154,8 @@ def _child(spec):
     warmup = FLAGS.warmup * accumulation
     model.fit(dataset, steps_per_epoch=warmup, verbose=0)
     times.clear()
+    if tensors_before is not None:
+        tf.config.experimental.reset_memory_stats("CPU:0")
     timed = FLAGS.steps * accumulation
     model.fit(dataset, steps_per_epoch=timed, verbose=0, callbacks=[Timer()])
     # Time per physical batch; a logical step of cnn_accum is 8 of them.
@@ -147,6 +168,12 @@ def _child(spec):
         "clipping": getattr(model, "clipping_used", None),
         "median_step_seconds": statistics.median(times),
         "peak_extra_bytes": _peak_rss_bytes() - baseline,
+        # The most bytes of tensors alive at once during the timed steps,
+        # above those alive before training (weights, data).
+        "tensor_peak_extra_bytes": (
+            None if tensors_before is None
+            else _allocator_info()["peak"] - tensors_before["current"]
+        ),
         "trainable_parameters": int(
             sum(np.prod(v.shape) for v in model.trainable_variables)
         ),
@@ -166,6 +193,10 @@ def _run_child(spec):
     if run.returncode != 0 or not lines:
         raise RuntimeError(f"{spec} failed:\n{run.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def _mib(value):
+    return "n/a" if value is None else f"+{value / 2**20:.1f} MiB"
 
 
 def _ratios(results):
@@ -189,6 +220,12 @@ def _ratios(results):
             "time_ratio": r["median_step_seconds"] / ref["median_step_seconds"],
             "memory_ratio": max(r["peak_extra_bytes"], 1)
             / max(ref["peak_extra_bytes"], 1),
+            "tensor_memory_ratio": (
+                None if r.get("tensor_peak_extra_bytes") is None
+                or ref.get("tensor_peak_extra_bytes") is None
+                else max(r["tensor_peak_extra_bytes"], 1)
+                / max(ref["tensor_peak_extra_bytes"], 1)
+            ),
             "dp_step_s": r["median_step_seconds"],
             "nonprivate_step_s": ref["median_step_seconds"],
             "dp_peak_mib": r["peak_extra_bytes"] / 2**20,
@@ -217,18 +254,21 @@ def main(argv):
                 print(f"{result['config']:9s} jit={str(jit):5s}"
                       f" {result['variant']:27s}"
                       f" {result['median_step_seconds'] * 1000:9.1f} ms/step"
-                      f" peak +{result['peak_extra_bytes'] / 2**20:8.1f} MiB",
-                      flush=True)
+                      f" peak +{result['peak_extra_bytes'] / 2**20:8.1f} MiB"
+                      f" RSS, {_mib(result['tensor_peak_extra_bytes'])}"
+                      " tensors", flush=True)
     rows = _ratios(results)
     print("\nDP-AdamCorrected / non-private Adam (same machine, same run):")
     print(f"{'config':10s} {'clipping':11s} {'jit':5s} {'time x':>7s}"
-          f" {'memory x':>9s}")
+          f" {'RSS x':>7s} {'tensors x':>10s}")
     for row in rows:
         note = " (per physical batch of 256; memory vs non-private b=256)" \
             if row["config"] == "cnn_accum" else ""
+        tensors = row["tensor_memory_ratio"]
         print(f"{row['config']:10s} {row['clipping']:11s}"
               f" {str(row['jit']):5s}"
-              f" {row['time_ratio']:7.2f} {row['memory_ratio']:9.2f}{note}")
+              f" {row['time_ratio']:7.2f} {row['memory_ratio']:7.2f}"
+              f" {'n/a' if tensors is None else f'{tensors:.2f}':>10s}{note}")
     if FLAGS.output:
         with open(FLAGS.output, "w") as f:
             json.dump({"results": results, "ratios": rows}, f, indent=1)

@@ -40,7 +40,8 @@ def _reference(model, loss, x, y, sample_weight=None):
     return run(x, y, sample_weight)
 
 
-def _ghost(model, x, y, sample_weight, clip, mask, jit):
+def _ghost(model, x, y, sample_weight, clip, mask, jit,
+           dynamic_batch=False):
     loss_fn = ghost_clipping.compiled_loss_fn(model)
 
     @tf.function(jit_compile=jit)
@@ -49,13 +50,21 @@ def _ghost(model, x, y, sample_weight, clip, mask, jit):
             model, loss_fn, x, y, w, clip, mask=mask
         )
 
-    return run(x, y, sample_weight, mask)
+    args = (x, y, sample_weight, mask)
+    if dynamic_batch:
+        # Traced with an unknown batch size, as Keras does after a batch of
+        # another size.
+        run = run.get_concrete_function(*tf.nest.map_structure(
+            lambda t: t if t is None
+            else tf.TensorSpec([None, *t.shape[1:]], t.dtype), args
+        ))
+    return run(*args)
 
 
 class _LockstepMixin:
 
     def assert_lockstep(self, model, x, y, loss=_MSE, sample_weight=None,
-                        mask=None, jit=False, clip=None):
+                        mask=None, jit=False, clip=None, dynamic_batch=False):
         """Ghost == explicit clipping, with about half the examples clipped.
 
         Returns the ghost norms.
@@ -77,7 +86,7 @@ class _LockstepMixin:
         if mask is not None:
             mask = tf.convert_to_tensor(mask, "float32")
         summed, ghost_norms, ghost_losses, y_pred = _ghost(
-            model, x, y, sample_weight, clip, mask, jit
+            model, x, y, sample_weight, clip, mask, jit, dynamic_batch
         )
         np.testing.assert_allclose(ghost_norms, norms, rtol=2e-5, atol=1e-6)
         np.testing.assert_allclose(ghost_losses, losses, rtol=2e-5, atol=1e-6)
@@ -223,11 +232,14 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         self.assert_lockstep(model, x, y, jit=jit)
 
     @parameterized.named_parameters(
-        ("graph", False), ("jit", True),
+        ("graph", False, False), ("jit", True, False),
+        ("graph_dynamic_batch", False, True),
     )
-    def test_conv_norms_in_chunks(self, jit):
+    def test_conv_norms_in_chunks(self, jit, dynamic_batch):
         # 9 x 8 positions x 27 patch floats = 1944 per example: chunks of 3
-        # examples, the last one of the 8 short (padded inside).
+        # examples. With a static batch of 8 the last chunk is examples 5-7
+        # (overlapping the second); with an unknown batch size the last
+        # chunk is padded with zero examples.
         model = _sequential(
             (9, 8, 3),
             keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
@@ -240,7 +252,8 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         with mock.patch.object(
             ghost_clipping, "CONV_PATCH_FLOATS_PER_CHUNK", 3 * 9 * 8 * 27
         ):
-            self.assert_lockstep(model, x, y, jit=jit)
+            self.assert_lockstep(model, x, y, jit=jit,
+                                 dynamic_batch=dynamic_batch)
 
     @parameterized.named_parameters(
         ("same", {"padding": "same"}),

@@ -112,8 +112,10 @@ MATERIALIZE_MAX_UNKNOWN_T = 1 << 16
 # Convolutions: the image patches of a layer's input are `T d` floats per
 # example. The per-example norms take the batch in chunks of about this many
 # patch floats (at least one example), so that the patches of the whole batch
-# are never held at once; the clipped sum needs no patches at all.
-CONV_PATCH_FLOATS_PER_CHUNK = 1 << 22
+# are never held at once; the clipped sum needs no patches at all. Measured
+# on the paper's CNN at B=256 (benchmarks/benchmark.py): 4M floats (16 MiB)
+# peaked at ~1.6x the tensor memory of a non-private step, 1M at ~1.2x.
+CONV_PATCH_FLOATS_PER_CHUNK = 1 << 20
 
 # Layers that are never looked into (their sublayers run inside control flow
 # or on reshaped batches): with trainable weights they are fallback units.
@@ -618,8 +620,9 @@ class _ConvBlock:
     `_LinearBlock` on image patches. The squared norms are computed from the
     patches of a chunk of examples at a time (`CONV_PATCH_FLOATS_PER_CHUNK`),
     one chunk after the other; the clipped sum `sum_i c_i grad_i` is the
-    kernel gradient of the batched convolution with output gradients
-    `c_i g_i` (one filter-gradient op, no patches).
+    kernel gradient of the batched convolution of the inputs `c_i x_i` with
+    output gradients `g_i` (or of `x_i` with `c_i g_i`, whichever copy is
+    smaller): one filter-gradient op, no patches.
     """
 
     def __init__(self, handler, inputs, grads, session):
@@ -671,44 +674,76 @@ class _ConvBlock:
 
     def squared_norms(self, reg_grad=None):
         static = self.grads[0].shape[0]
-        if static is not None and static <= self.chunk:
+        chunk = self.chunk
+        if static is not None and static <= chunk:
             block = self._linear_block(self.inputs, self.grads)
             return block.squared_norms(reg_grad)
-        chunk = self.chunk
+
+        def one_chunk(start):
+            block = self._linear_block(inputs, grads, start, chunk)
+            return block.squared_norms(reg_grad)
+
+        def chunk_norms(starts):
+            # One chunk at a time: parallel iterations would hold their
+            # patches together again.
+            return tf.map_fn(
+                one_chunk, starts,
+                fn_output_signature=tf.TensorSpec([chunk], tf.float32),
+                parallel_iterations=1,
+            )
+
+        if static is not None:
+            # Chunks of a static size; the last one ends at the batch's end,
+            # overlapping its predecessor (the overlap's norms are computed
+            # twice and dropped). No padded copy of the batch is made.
+            inputs, grads = self.inputs, self.grads
+            count = -(-static // chunk)
+            starts = tf.minimum(tf.range(count) * chunk, static - chunk)
+            norms = chunk_norms(starts)
+            return tf.concat([tf.reshape(norms[:-1], [-1]),
+                              norms[-1, count * chunk - static:]], axis=0)
+        # A batch size known only at run time: zero examples fill the last
+        # chunk (their norms are 0, cut below).
         count = (self.batch_size + chunk - 1) // chunk
-        # Zero examples fill the last chunk: their norms are 0, cut below.
         extra = [[0, count * chunk - self.batch_size], [0, 0], [0, 0], [0, 0]]
         inputs = [(tf.pad(x, extra), padding) for x, padding in self.inputs]
         grads = [tf.pad(g, extra) for g in self.grads]
-
-        def one_chunk(i):
-            block = self._linear_block(inputs, grads, i * chunk, chunk)
-            return block.squared_norms(reg_grad)
-
-        # One chunk at a time: parallel iterations would hold their patches
-        # together again.
-        norms = tf.map_fn(
-            one_chunk, tf.range(count),
-            fn_output_signature=tf.TensorSpec([chunk], tf.float32),
-            parallel_iterations=1,
-        )
+        norms = chunk_norms(tf.range(count) * chunk)
         return tf.reshape(norms, [-1])[:self.batch_size]
 
     def clipped_sum(self, factors):
         kernel = tf.zeros(
             self.kernel_size + [self.shape[-2], self.p], tf.float32
         )
-        weighted = [g * factors[:, None, None, None] for g in self.grads]
+        # sum_i c_i grad_i is bilinear in (input_i, output gradient_i):
+        # scale the smaller of the two (for most convolutions the input), so
+        # that the weighted copy is small.
+        inputs, grads = [], []
+        for (x, padding), g in zip(self.inputs, self.grads):
+            if _example_size(x) <= _example_size(g):
+                x = x * factors[:, None, None, None]
+            else:
+                g = g * factors[:, None, None, None]
+            inputs.append((x, padding))
+            grads.append(g)
         with tf.GradientTape() as tape:
             tape.watch(kernel)
+            # Only the filter gradient is used: in a graph the forward
+            # convolutions themselves are pruned.
             outputs = [
                 tf.nn.convolution(x, kernel, strides=self.strides,
                                   padding=padding.upper(),
                                   dilations=self.rates)
-                for x, padding in self.inputs
+                for x, padding in inputs
             ]
-        matrix = tape.gradient(outputs, kernel, output_gradients=weighted)
+        matrix = tape.gradient(outputs, kernel, output_gradients=grads)
         return tf.reshape(matrix, self.shape)
+
+
+def _example_size(t):
+    """Floats per example of `t` (a large number when not static)."""
+    dims = t.shape[1:]
+    return math.prod(dims) if None not in dims else math.inf
 
 
 class _EmbeddingHandler(_Handler):
