@@ -251,7 +251,9 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None):
         model.compile(
             optimizer=make_optimizer(config, k),
             loss=loss,
-            metrics=["accuracy"],
+            # Weighted: the padding of Poisson batches (weight 0) is not
+            # counted in the training accuracy.
+            weighted_metrics=["accuracy"],
             jit_compile=config.jit_compile,
         )
     done = int(model.optimizer.iterations.numpy())

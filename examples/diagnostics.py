@@ -88,7 +88,7 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
     model.compile(
         optimizer=common.make_optimizer(config, k),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        weighted_metrics=["accuracy"],  # Not the Poisson padding.
         jit_compile=config.jit_compile,
     )
     moments = tf_dpadam.MomentDiagnostics(

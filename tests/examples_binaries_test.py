@@ -56,6 +56,31 @@ class ImageBinaryTest(absltest.TestCase):
         self.assertEqual(results["steps"], 6)
         self.assertEqual([r["step"] for r in results["history"]], [2, 4, 6])
 
+    def test_training_accuracy_ignores_the_poisson_padding(self):
+        # A model that always says class 1, on examples all of class 1: the
+        # padding rows (label 0, weight 0) must not count as mistakes.
+        import keras
+
+        def model_fn():
+            model = keras.Sequential([
+                keras.Input((3,)),
+                keras.layers.Dense(2, kernel_initializer="zeros",
+                                   bias_initializer=keras.initializers
+                                   .Constant([0.0, 100.0])),
+            ])
+            return model
+
+        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+        y = np.ones(64, "int64")
+        config = _config(optimizer="dpsgd", learning_rate=1e-6,
+                         physical_batch_size=32, epochs=4 * 16 / 64)
+        results = common.fit_private(
+            model_fn, (x, y), (x, y), config,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.assertEqual([r["accuracy"] for r in results["history"]],
+                         [1.0, 1.0])
+        self.assertEqual(results["test_accuracy"], 1.0)
+
     def test_target_epsilon_stops_at_the_calibrated_step(self):
         config = _config(
             optimizer="dpsgd", learning_rate=0.5, noise_multiplier=2.0,

@@ -18,7 +18,9 @@ mean B. `poisson_batches` builds such a `tf.data` pipeline:
   anyway, the pipeline raises an error: no example is dropped silently.
 
 Use the expected batch size B as the optimizer's `batch_size`, so that the
-denominator and Phi are public constants.
+denominator and Phi are public constants, and compile training metrics as
+`weighted_metrics` (Keras weights only those by the sample weights; plain
+`metrics` would count the padding rows).
 """
 
 import math
