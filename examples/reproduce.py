@@ -717,7 +717,7 @@ def render_markdown(*, plan, records, best, command, machine, plots):
     ]
 
     # Final comparison.
-    summary = {}
+    rows = best_rows(plan, records, best)
     lines += [
         "## Best setting of each optimizer, mean ± std over seeds",
         "",
@@ -726,27 +726,17 @@ def render_markdown(*, plan, records, best, command, machine, plots):
         "|---|---|---|---|---|---|---|",
     ]
     for name, label in OPTIMIZER_NAMES.items():
-        setting = best.get(name)
-        runs = [] if setting is None else [
-            records[run_name(setting, s)] for s in plan.seeds
-            if run_name(setting, s) in records
-        ]
-        if runs:
-            summary[name] = aggregate_seeds(r.accuracy for r in runs)
-            mean, std, n = summary[name]
-            acc = f"{format_percent(mean)} ± {format_percent(std)}"
-            eps = f"{max(r.epsilon for r in runs):.3f}"
-            lr, gamma = f"{setting.learning_rate:g}", format_gamma(setting)
+        row = rows.get(name)
+        if row:
+            acc = (f"{format_percent(row['mean'])} ± "
+                   f"{format_percent(row['std'])}")
+            eps, n = f"{row['epsilon']:.3f}", row["seeds"]
+            lr, gamma = f"{row['learning_rate']:g}", row["gamma"]
         else:
             acc, eps, n, lr, gamma = "not run", "n/a", 0, "n/a", "n/a"
         lines.append(f"| {label} | {lr} | {gamma} | {n} | {acc} | {eps} | "
                      f"{paper[name]:.2f} |")
-    lines += [
-        "",
-        verdict_paragraph(summary, paper, task["paper_dataset"],
-                          task["name"]),
-        "",
-    ]
+    lines += ["", verdict(plan, rows), ""]
     edges = [OPTIMIZER_NAMES[n] for n, s in best.items()
              if at_grid_edge(s, plan.grids[n])]
     if edges:
@@ -803,6 +793,143 @@ def render_markdown(*, plan, records, best, command, machine, plots):
     lines += ["", f"Total wall time: {total:.0f} s ({total / 3600:.2f} h) "
               f"over {len(records)} runs.", ""]
     return "\n".join(lines)
+
+
+def best_rows(plan, records, best):
+    """optimizer -> the seed runs of its best setting, summarized.
+
+    Each row: `learning_rate`, `gamma` (as printed), `mean`, `std`, `seeds`
+    (test accuracy as fractions, over the finished seeds) and `epsilon` (the
+    largest spent). Optimizers without a finished run are left out.
+    """
+    rows = {}
+    for name in OPTIMIZER_NAMES:
+        setting = best.get(name)
+        runs = [] if setting is None else [
+            records[run_name(setting, s)] for s in plan.seeds
+            if run_name(setting, s) in records
+        ]
+        if runs:
+            mean, std, n = aggregate_seeds(r.accuracy for r in runs)
+            rows[name] = {
+                "learning_rate": setting.learning_rate,
+                "gamma": format_gamma(setting),
+                "mean": mean, "std": std, "seeds": n,
+                "epsilon": max(r.epsilon for r in runs),
+            }
+    return rows
+
+
+def verdict(plan, rows):
+    task = TASKS[plan.task]
+    summary = {name: (row["mean"], row["std"], row["seeds"])
+               for name, row in rows.items()}
+    return verdict_paragraph(summary, PAPER_RESULTS[task["paper_dataset"]],
+                             task["paper_dataset"], task["name"])
+
+
+def summary_record(plan, records, best, command, machine, files):
+    """What RESULTS.md shows of one task (saved as RESULTS_<task>.json)."""
+    task = TASKS[plan.task]
+    base = plan.base
+    rows = best_rows(plan, records, best)
+    return {
+        "task": plan.task,
+        "name": task["name"],
+        "paper_dataset": task["paper_dataset"],
+        "optimizers": rows,
+        "verdict": verdict(plan, rows),
+        "privacy": {
+            "l2_norm_clip": base.l2_norm_clip,
+            "noise_multiplier": base.noise_multiplier,
+            "batch_size": base.batch_size, "delta": base.delta,
+            "target_epsilon": base.target_epsilon,
+            "steps": sorted({r.steps for r in records.values()}),
+        },
+        "data": describe_data(plan.data, records),
+        # The commands that trained the runs (this one if none is known).
+        "commands": sorted({r.command for r in records.values()
+                            if r.command}) or [command],
+        "machine": machine,
+        "runs": len(records),
+        "wall_seconds": sum(r.wall_seconds or 0.0 for r in records.values()),
+        "files": files,
+    }
+
+
+def render_index(summaries):
+    """RESULTS.md: every task's best settings beside the paper's numbers."""
+    papers = []
+    for summary in summaries:
+        if summary["paper_dataset"] not in papers:
+            papers.append(summary["paper_dataset"])
+    lines = [
+        "# DP-SGD vs DP-Adam vs DP-AdamBC: results",
+        "",
+        "Written by `examples/reproduce.py` (it rewrites this page whenever it "
+        "writes a task's report) from the `RESULTS_<task>.json` beside it. "
+        "Each cell: test accuracy (%) of the optimizer's best tuned setting, "
+        "mean ± standard deviation over seeds, at ε ≈ 7 (δ = 1e-5). The "
+        "paper's numbers (Tang & Lécuyer) are on other datasets and models: "
+        "compare orderings and gaps, not accuracies.",
+        "",
+        "| optimizer | " + " | ".join(
+            f"{s['name']} (ours)" for s in summaries)
+        + " | " + " | ".join(f"{p} (paper)" for p in papers) + " |",
+        "|---" * (1 + len(summaries) + len(papers)) + "|",
+    ]
+    for name, label in OPTIMIZER_NAMES.items():
+        cells = []
+        for summary in summaries:
+            row = summary["optimizers"].get(name)
+            cells.append(
+                "not run" if row is None else
+                f"{format_percent(row['mean'])} ± {format_percent(row['std'])}"
+                f" ({row['seeds']} seeds, lr {row['learning_rate']:g})")
+        cells += [f"{PAPER_RESULTS[p][name]:.2f}" for p in papers]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for summary in summaries:
+        privacy = summary["privacy"]
+        machine = summary["machine"] or {}
+        files = summary["files"]
+        lines += [
+            "",
+            f"## {summary['name']} (in place of the paper's "
+            f"{summary['paper_dataset']})",
+            "",
+            summary["verdict"],
+            "",
+            f"- Data: {summary['data']}",
+            f"- Privacy: C = {privacy['l2_norm_clip']:g}, σ = "
+            f"{privacy['noise_multiplier']:g}, expected batch "
+            f"{privacy['batch_size']} (Poisson), target ε = "
+            f"{privacy['target_epsilon']}, δ = {privacy['delta']:g}; steps "
+            f"per run: {' / '.join(map(str, privacy['steps']))}.",
+            "- Command: " + "; ".join(f"`{c}`" for c in summary["commands"]),
+            f"- Machine: `{machine.get('platform')}`, "
+            f"{machine.get('cpu_count')} CPUs, TensorFlow "
+            f"{machine.get('tensorflow')}; wall time "
+            f"{summary['wall_seconds'] / 3600:.2f} h over {summary['runs']} "
+            "runs (tuning and seeds).",
+            f"- Details (tuning grid, every run): [{files['report']}]"
+            f"({files['report']}).",
+            "",
+            f"![{summary['name']}: test accuracy vs step]({files['curves']})",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_index(output_dir):
+    """Rewrites output_dir/RESULTS.md from its RESULTS_<task>.json files."""
+    summaries = []
+    for task in TASKS:
+        path = os.path.join(output_dir, f"RESULTS_{task}.json")
+        if os.path.exists(path):
+            summaries.append(_read_json(path))
+    path = os.path.join(output_dir, "RESULTS.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_index(summaries))
+    return path
 
 
 def new_figure(width, height):
@@ -871,7 +998,8 @@ def plot_tuning(path, plan, records):
 
 
 def write_report(plan, output_dir, command, machine):
-    """Writes RESULTS_<task>.md and its two PNGs; returns the .md path."""
+    """Writes RESULTS_<task>.md, its two PNGs and its summary JSON, then
+    RESULTS.md (all tasks); returns the task's .md path."""
     os.makedirs(output_dir, exist_ok=True)
     records = collect(plan)
     best = best_of_tuning(plan, records)
@@ -885,6 +1013,12 @@ def write_report(plan, output_dir, command, machine):
         f.write(render_markdown(plan=plan, records=records, best=best,
                                 command=command, machine=machine,
                                 plots=plots))
+    summary = summary_record(plan, records, best, command, machine,
+                             {"report": f"{stem}.md", **plots})
+    with open(os.path.join(output_dir, f"{stem}.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, ensure_ascii=False)
+    write_index(output_dir)
     return path
 
 

@@ -172,6 +172,45 @@ class HelpersTest(absltest.TestCase):
         self.assertNotIn("little room", text)
 
 
+class IndexTest(absltest.TestCase):
+
+    def test_two_tasks_side_by_side(self):
+        def summary(task, name, paper, rows):
+            return {
+                "task": task, "name": name, "paper_dataset": paper,
+                "optimizers": rows, "verdict": f"verdict of {name}",
+                "privacy": {"l2_norm_clip": 1.0, "noise_multiplier": 0.5,
+                            "batch_size": 256, "delta": 1e-5,
+                            "target_epsilon": 7.0, "steps": [536]},
+                "data": "some data", "commands": [f"python -m {task}"],
+                "machine": {"platform": "p", "cpu_count": 2},
+                "runs": 15, "wall_seconds": 7200.0,
+                "files": {"report": f"R_{task}.md",
+                          "curves": f"R_{task}_curves.png"},
+            }
+
+        def row(mean, std, lr):
+            return {"learning_rate": lr, "gamma": "-", "mean": mean,
+                    "std": std, "seeds": 3, "epsilon": 6.99}
+
+        text = reproduce.render_index([
+            summary("fashion_mnist", "Fashion-MNIST", "CIFAR-10",
+                    {"dpsgd": row(0.78, 0.004, 1.0),
+                     "dpadam_corrected": row(0.81, 0.005, 1e-3)}),
+            summary("sst2", "SST-2", "SNLI", {"dpadam": row(0.8, 0.01, 0.01)}),
+        ])
+        self.assertIn("| optimizer | Fashion-MNIST (ours) | SST-2 (ours) | "
+                      "CIFAR-10 (paper) | SNLI (paper) |", text)
+        self.assertIn("| DP-SGD | 78.00 ± 0.40 (3 seeds, lr 1) | not run | "
+                      "61.94 | 41.31 |", text)
+        self.assertIn("| DP-Adam | not run | 80.00 ± 1.00 (3 seeds, lr 0.01)"
+                      " | 56.35 | 53.04 |", text)
+        self.assertIn("verdict of SST-2", text)
+        self.assertIn("2.00 h over 15 runs", text)
+        self.assertIn("steps per run: 536", text)
+        self.assertIn("- Command: `python -m sst2`", text)
+
+
 class PipelineTest(absltest.TestCase):
 
     def test_tune_seeds_report_on_tiny_fashion_mnist(self):
@@ -251,6 +290,22 @@ class PipelineTest(absltest.TestCase):
                          "RESULTS_fashion_mnist_tuning.png", "wall (s)",
                          "seed spread", "Steps per run: 4. Under 100"):
             self.assertIn(expected, text)
+
+        # RESULTS.md sums up the task from RESULTS_fashion_mnist.json.
+        with open(os.path.join(output_dir, "RESULTS.md"),
+                  encoding="utf-8") as f:
+            index = f.read()
+        for optimizer in plan.grids:
+            mean, std, _ = reproduce.aggregate_seeds(
+                accuracies[reproduce.run_name(best[optimizer], s)]
+                for s in (0, 1))
+            self.assertIn(f"{100 * mean:.2f} ± {100 * std:.2f} (2 seeds, lr "
+                          f"{best[optimizer].learning_rate:g})", index)
+        for expected in ("Fashion-MNIST (ours)", "CIFAR-10 (paper)",
+                         "[RESULTS_fashion_mnist.md](RESULTS_fashion_mnist.md)",
+                         "(RESULTS_fashion_mnist_curves.png)",
+                         "`python -m examples.reproduce`", "test-machine"):
+            self.assertIn(expected, index)
 
         # Finished runs are read back, never retrained.
         def refuse(config):
