@@ -221,7 +221,8 @@ class StepLog(keras.callbacks.Callback):
         self.rows.append(row)
 
 
-def fit_private(model_fn, train, test, config, loss, num_classes=None):
+def fit_private(model_fn, train, test, config, loss, num_classes=None,
+                on_trained=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -231,6 +232,8 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None):
         config: a `TrainConfig`.
         loss: the Keras loss.
         num_classes: unused; kept for symmetry of the binaries.
+        on_trained: optional `f(model)` called with the trained private
+            model (the checkpoint's, after a resume) before returning.
 
     Returns:
         A dict of results (also written to model_dir/metrics.json).
@@ -307,6 +310,8 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None):
             ] + step_log.rows
         with open(previous, "w") as f:
             json.dump(results, f, indent=1)
+    if on_trained is not None:
+        on_trained(model)
     return results
 
 

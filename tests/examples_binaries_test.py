@@ -9,6 +9,7 @@ from unittest import mock
 
 import numpy as np
 import tensorflow_datasets as tfds
+import keras
 from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
@@ -161,6 +162,32 @@ class TextBinaryTest(absltest.TestCase):
                 _config(epochs=4 * 16 / 48, model_dir=model_dir),
                 backbone=backbone, feature_cache=cache)
         self.assertEqual(calls, [48, 16])
+        # The whole classifier, with the trained top (from the resumed
+        # checkpoint), is saved for use on tokenized text.
+        classifier = keras.models.load_model(
+            os.path.join(model_dir, train_text.CLASSIFIER_FILE))
+        (_, (x_dev, y_dev)), _ = datasets.load_text_dataset("sst2_tsv",
+                                                            folder)
+        tokens = datasets.preprocess(backbone[1], x_dev)
+        classifier.compile(
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"])
+        _, accuracy = classifier.evaluate(tokens, y_dev, verbose=0)
+        self.assertAlmostEqual(accuracy, second["test_accuracy"], places=6)
+        checkpoint = keras.models.load_model(
+            os.path.join(model_dir, "checkpoint.keras"))
+        fresh, _ = models.make_text_classifier(backbone, 2,
+                                               sequence_length=16, seed=0)
+        trained = [l for l in checkpoint.base_model.layers if l.weights]
+        self.assertEqual([l.name for l in trained],
+                         ["transformer_layer_1", "head"])
+        for layer in trained:
+            for got, want, init in zip(
+                    classifier.get_layer(layer.name).get_weights(),
+                    layer.get_weights(),
+                    fresh.get_layer(layer.name).get_weights()):
+                np.testing.assert_array_equal(got, want)
+            self.assertFalse(np.array_equal(got, init))
         self.assertEqual(first["steps"], 2)
         self.assertEqual(second["steps"], 4)
         self.assertEqual([r["step"] for r in second["history"]], [2, 4])
