@@ -41,6 +41,21 @@ def has_batch_norm(model):
     )
 
 
+def _private(model, learning_rate):
+    """`make_private(model)` compiled with DP-AdamBC for batches of 4."""
+    import tf_dpadam
+
+    private = tf_dpadam.make_private(model, seed=0)
+    private.compile(
+        optimizer=tf_dpadam.DPAdamCorrected(
+            l2_norm_clip=0.1, noise_multiplier=0.4, batch_size=4,
+            learning_rate=learning_rate,
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return private
+
+
 class CnnTest(parameterized.TestCase):
 
     def test_architecture(self):
@@ -172,18 +187,9 @@ class TinyBertClassifierTest(parameterized.TestCase):
         np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
 
     def test_private_training_step(self):
-        import tf_dpadam
-
         _, model, preprocessor = self.make()
         x = datasets.preprocess(preprocessor, SENTENCES)
-        private = tf_dpadam.make_private(model, seed=0)
-        private.compile(
-            optimizer=tf_dpadam.DPAdamCorrected(
-                l2_norm_clip=0.1, noise_multiplier=0.4, batch_size=4,
-                learning_rate=1e-3,
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        private = _private(model, learning_rate=1e-3)
         frozen = [v.numpy() for v in model.non_trainable_weights]
         history = private.fit(x, LABELS, batch_size=4, epochs=1, verbose=0)
         self.assertTrue(np.isfinite(history.history["loss"][0]))
@@ -203,20 +209,11 @@ class TinyBertClassifierTest(parameterized.TestCase):
                          [id(v) for v in model.trainable_weights])
 
     def test_private_top_trains_the_models_weights(self):
-        import tf_dpadam
-
         _, model, preprocessor = self.make()
         x = datasets.preprocess(preprocessor, SENTENCES)
         frozen, top = models.split_text_classifier(model)
         features = models.frozen_features(frozen, x)
-        private = tf_dpadam.make_private(top, seed=0)
-        private.compile(
-            optimizer=tf_dpadam.DPAdamCorrected(
-                l2_norm_clip=0.1, noise_multiplier=0.4, batch_size=4,
-                learning_rate=1e-2,
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        private = _private(top, learning_rate=1e-2)
         before = model(x).numpy()
         private.fit(features, LABELS, batch_size=4, epochs=2, verbose=0)
         self.assertEqual(private.clipping_used, "ghost")
