@@ -1301,6 +1301,10 @@ def compiled_loss_fn(model):
         compile_loss = model._compile_loss
         if compile_loss is None:
             raise ValueError("The model was not compiled with a loss.")
+        direct = _direct_per_example_loss(compile_loss, y, y_pred,
+                                          sample_weight)
+        if direct is not None:
+            return direct
         flat_pred = tf.nest.flatten(y_pred)
         masks = [get_keras_mask(t) for t in flat_pred]
         mask_index = [i for i, m in enumerate(masks) if m is not None]
@@ -1335,3 +1339,46 @@ def compiled_loss_fn(model):
                 compile_loss._metrics = saved
 
     return per_example_loss
+
+
+def _direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
+    """`[B]` per-example losses without a vectorized map, or None.
+
+    The common case: one output, one `keras.losses.Loss` with the default
+    "sum_over_batch_size" reduction, no output mask, and no sample weight
+    or one weight per example. Then example i's compiled loss (on a batch
+    of one) is `loss_weight * w_i * mean(loss.call(y_i, y_pred_i))`: the
+    unreduced values averaged over their non-batch axes. This avoids
+    `tf.vectorized_map`, whose graph XLA compiles very slowly. Anything else
+    returns None (the caller maps the compiled loss over the examples).
+    """
+    if tf.nest.is_nested(y) or tf.nest.is_nested(y_pred):
+        return None
+    if get_keras_mask(y_pred) is not None:
+        return None
+    if sample_weight is not None and (
+        tf.nest.is_nested(sample_weight) or sample_weight.shape.rank != 1
+    ):
+        return None
+    if not compile_loss.built:
+        compile_loss.build(y, y_pred)
+    flat = compile_loss._flat_losses
+    if len(flat) != 1:
+        return None
+    path, loss, loss_weight, _ = flat[0]
+    if path or not isinstance(loss, keras.losses.Loss):
+        return None
+    if loss.reduction != "sum_over_batch_size":
+        return None
+    y_pred = ops.convert_to_tensor(y_pred, dtype=loss.dtype)
+    y = ops.convert_to_tensor(y, dtype=y_pred.dtype)
+    values = ops.cast(loss.call(y, y_pred), "float32")
+    if values.shape.rank is None or values.shape.rank < 1:
+        return None
+    if values.shape.rank > 1:
+        values = ops.mean(values, axis=tuple(range(1, values.shape.rank)))
+    if sample_weight is not None:
+        values = values * ops.cast(sample_weight, "float32")
+    if loss_weight is not None:
+        values = values * ops.cast(loss_weight, "float32")
+    return values
