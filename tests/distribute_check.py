@@ -37,7 +37,7 @@ def _strategy(replicas):
     return _STRATEGIES[replicas]
 
 
-def noise_free_weights(replicas, batch_size):
+def noise_free_weights(replicas, batch_size, unclipped_sgd=False):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 6)).astype("float32")
     y = rng.integers(0, 3, 32)
@@ -49,11 +49,20 @@ def noise_free_weights(replicas, batch_size):
             keras.layers.Dense(3),
         ])
         model = tf_dpadam.make_private(base, seed=2)
-        model.compile(
-            optimizer=tf_dpadam.DPAdamCorrected(
+        if unclipped_sgd:
+            # No example reaches C and the update is linear in the gradient:
+            # per-example gradients off by any factor change the weights.
+            optimizer = tf_dpadam.DPSGD(
+                l2_norm_clip=1e3, noise_multiplier=0.0, learning_rate=0.1,
+                batch_size=batch_size,
+            )
+        else:
+            optimizer = tf_dpadam.DPAdamCorrected(
                 l2_norm_clip=0.3, noise_multiplier=0.0, phi=1e-4,
                 epsilon=1e-6, learning_rate=0.01, batch_size=batch_size,
-            ),
+            )
+        model.compile(
+            optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
@@ -91,6 +100,9 @@ def main():
         "replicated": noise_free_weights(_REPLICAS, None),
         "single_fixed_b": noise_free_weights(1, 16),
         "replicated_fixed_b": noise_free_weights(_REPLICAS, 16),
+        "single_sgd": noise_free_weights(1, 16, unclipped_sgd=True),
+        "replicated_sgd": noise_free_weights(_REPLICAS, 16,
+                                             unclipped_sgd=True),
         "noise_counted_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, None),
         "noise_fixed_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, 40),
     }

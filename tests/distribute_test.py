@@ -29,7 +29,8 @@ class DistributeTest(absltest.TestCase):
     def test_replicas_give_the_single_device_weights(self):
         self.assertEqual(self.result["replicas"], _REPLICAS)
         for single, replicated in (("single", "replicated"),
-                                   ("single_fixed_b", "replicated_fixed_b")):
+                                   ("single_fixed_b", "replicated_fixed_b"),
+                                   ("single_sgd", "replicated_sgd")):
             for a, b in zip(self.result[single], self.result[replicated]):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

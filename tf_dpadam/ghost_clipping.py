@@ -1348,7 +1348,8 @@ def _direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
     "sum_over_batch_size" reduction, no output mask, and no sample weight
     or one weight per example. Then example i's compiled loss (on a batch
     of one) is `loss_weight * w_i * mean(loss.call(y_i, y_pred_i))`: the
-    unreduced values averaged over their non-batch axes. This avoids
+    unreduced values averaged over their non-batch axes (divided by the
+    replicas under tf.distribute, as Keras does). This avoids
     `tf.vectorized_map`, whose graph XLA compiles very slowly. Anything else
     returns None (the caller maps the compiled loss over the examples).
     """
@@ -1381,4 +1382,9 @@ def _direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
         values = values * ops.cast(sample_weight, "float32")
     if loss_weight is not None:
         values = values * ops.cast(loss_weight, "float32")
+    # As `Loss.__call__` does (and callers undo): under tf.distribute, Keras
+    # scales a reduced loss by 1 / replicas.
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1:
+        values = values / replicas
     return values
