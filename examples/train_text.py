@@ -22,6 +22,7 @@ import os
 
 from absl import app
 from absl import flags
+from absl import logging
 
 import keras
 import numpy as np
@@ -70,7 +71,8 @@ def run(dataset, data_dir, preset, sequence_length, config,
             the data and train the top blocks and head on their outputs
             (`models.split_text_classifier`), instead of running the frozen
             part at every step. Same per-example gradients and privacy; the
-            frozen layers' dropout is off.
+            frozen layers' dropout is off. Skipped (with a warning) when the
+            features would take more than a third of the machine's memory.
         feature_cache: an optional dict that keeps the frozen features
             between calls (keyed by preset and tokens), e.g. across the runs
             of a tuning grid.
@@ -94,6 +96,17 @@ def run(dataset, data_dir, preset, sequence_length, config,
     x_test = datasets.preprocess(preprocessor, x_test)
     classifier = model
     on_trained = None
+    if cache_frozen:
+        # float32 features, and the copy the input pipeline makes of them.
+        needed = (2 * 4 * (len(y_train) + len(y_test))
+                  * x_train["token_ids"].shape[1]
+                  * classifier.get_layer("frozen_bert").output.shape[-1])
+        if needed > memory_bytes() / 3:
+            logging.warning(
+                "--cache_frozen would hold %.1f GiB of features (more than a"
+                " third of this machine's memory): training without the"
+                " cache (lower --sequence_length to cache).", needed / 2**30)
+            cache_frozen = False
     if cache_frozen:
         frozen, model = models.split_text_classifier(classifier)
         source = (("backbone", id(backbone[0])) if backbone
@@ -125,6 +138,11 @@ def save_classifier(classifier, path, trained):
         if layer.weights:
             classifier.get_layer(layer.name).set_weights(layer.get_weights())
     classifier.save(path)
+
+
+def memory_bytes():
+    """The machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def cached_features(frozen, x, source, cache=None):

@@ -137,6 +137,19 @@ class TextBinaryTest(absltest.TestCase):
         self.assertEqual(results["steps"], 4)
         self.assertBetween(results["test_accuracy"], 0.0, 1.0)
 
+    def test_no_cache_when_the_features_would_not_fit(self):
+        folder = self.write_sst2()
+        backbone = models.make_tiny_bert(sequence_length=16)
+        # 64 examples x 16 x 32 floats x 2 copies = 262 kB > 3 x 80 kB.
+        with mock.patch.object(train_text, "memory_bytes",
+                               return_value=3 * 80_000), \
+                mock.patch.object(models, "frozen_features") as features:
+            results = train_text.run(
+                "sst2_tsv", folder, None, 16, _config(epochs=2 * 16 / 48),
+                backbone=backbone, feature_cache={})
+        features.assert_not_called()
+        self.assertEqual(results["steps"], 2)
+
     def test_cached_features_are_computed_once_and_resume(self):
         folder = self.write_sst2()
         backbone = models.make_tiny_bert(sequence_length=16)
