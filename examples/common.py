@@ -221,6 +221,20 @@ class StepLog(keras.callbacks.Callback):
         self.rows.append(row)
 
 
+def compile_private(model, config, loss, accumulation_steps):
+    """Compiles a private model with `config`'s optimizer and accuracy.
+
+    The accuracy is a weighted metric, so that the padding rows of Poisson
+    batches (sample weight 0) are not counted.
+    """
+    model.compile(
+        optimizer=make_optimizer(config, accumulation_steps),
+        loss=loss,
+        weighted_metrics=["accuracy"],
+        jit_compile=config.jit_compile,
+    )
+
+
 def fit_private(model_fn, train, test, config, loss, num_classes=None,
                 on_trained=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
@@ -251,14 +265,7 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None,
             model = keras.models.load_model(checkpoint)
     if model is None:
         model = tf_dpadam.make_private(model_fn(), seed=config.seed)
-        model.compile(
-            optimizer=make_optimizer(config, k),
-            loss=loss,
-            # Weighted: the padding of Poisson batches (weight 0) is not
-            # counted in the training accuracy.
-            weighted_metrics=["accuracy"],
-            jit_compile=config.jit_compile,
-        )
+        compile_private(model, config, loss, k)
     done = int(model.optimizer.iterations.numpy())
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,

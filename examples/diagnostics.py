@@ -85,12 +85,9 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
     k = batches.accumulation_steps
     model = tf_dpadam.make_private(model_fn(), seed=config.seed,
                                    diagnostics=True)
-    model.compile(
-        optimizer=common.make_optimizer(config, k),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        weighted_metrics=["accuracy"],  # Not the Poisson padding.
-        jit_compile=config.jit_compile,
-    )
+    common.compile_private(
+        model, config,
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True), k)
     moments = tf_dpadam.MomentDiagnostics(
         steps=[s for s in report_steps if s < steps] + [steps]
     )

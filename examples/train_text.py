@@ -86,8 +86,9 @@ def run(dataset, data_dir, preset, sequence_length, config,
     if max_test_examples:
         x_test, y_test = datasets.subsample(x_test, y_test, max_test_examples,
                                             seed=config.seed)
+    source = backbone or preset or models.default_offline_preset()
     model, preprocessor = models.make_text_classifier(
-        backbone or preset or models.default_offline_preset(),
+        source,
         num_classes,
         sequence_length=sequence_length,
         seed=config.seed,
@@ -109,10 +110,9 @@ def run(dataset, data_dir, preset, sequence_length, config,
             cache_frozen = False
     if cache_frozen:
         frozen, model = models.split_text_classifier(classifier)
-        source = (("backbone", id(backbone[0])) if backbone
-                  else preset or models.default_offline_preset())
+        key = ("backbone", id(backbone[0])) if backbone else source
         x_train, x_test = (
-            cached_features(frozen, x, source, feature_cache)
+            cached_features(frozen, x, key, feature_cache)
             for x in (x_train, x_test)
         )
         if config.model_dir:

@@ -71,6 +71,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import dp_math
+from tf_dpadam import privatizer
 
 try:  # Keras internals (stable across Keras 3 releases).
     from keras.src.backend.common.keras_tensor import any_symbolic_tensors
@@ -1384,7 +1385,7 @@ def _direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
         values = values * ops.cast(loss_weight, "float32")
     # As `Loss.__call__` does (and callers undo): under tf.distribute, Keras
     # scales a reduced loss by 1 / replicas.
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    replicas = privatizer.num_replicas()
     if replicas > 1:
         values = values / replicas
     return values
