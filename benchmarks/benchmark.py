@@ -68,14 +68,18 @@ def _allocator_info():
     """TensorFlow's CPU allocator `{"current", "peak"}` bytes, or None.
 
     Available when TensorFlow's CPU allocator keeps statistics (the default
-    oneDNN build does; with TF_ENABLE_ONEDNN_OPTS=0 it does not).
+    oneDNN build's does; with TF_ENABLE_ONEDNN_OPTS=0 or
+    TF_ONEDNN_USE_SYSTEM_ALLOCATOR=true it does not).
     """
     import tensorflow as tf
 
     try:
-        return tf.config.experimental.get_memory_info("CPU:0")
+        info = tf.config.experimental.get_memory_info("CPU:0")
     except ValueError:
         return None
+    # Allocators without statistics (e.g. TF_ONEDNN_USE_SYSTEM_ALLOCATOR)
+    # report zeros.
+    return info if info["peak"] > 0 else None
 
 
 def _cnn_setup(batch, steps):

@@ -143,29 +143,53 @@ class AccumulationTest(parameterized.TestCase):
 
 class PoissonBatchesTest(parameterized.TestCase):
 
-    def test_inclusion_rate_reachability_and_padding(self):
+    @parameterized.named_parameters(
+        ("padded", None), ("dynamic", 1), ("multiple_of_4", 4)
+    )
+    def test_inclusion_rate_reachability_and_padding(self, multiple):
         n, b = 400, 40
         x = np.arange(n, dtype="float32")[:, None] + 1.0
         y = np.arange(n)
         batches = dp_data.poisson_batches(
-            (x, y), expected_batch_size=b, physical_batch_size=16, seed=0
+            (x, y), expected_batch_size=b, physical_batch_size=16, seed=0,
+            pad_to_multiple_of=multiple,
         )
+        k = batches.accumulation_steps
         self.assertEqual(batches.capacity % 16, 0)
-        self.assertEqual(batches.accumulation_steps, batches.capacity // 16)
+        self.assertEqual(k, batches.capacity // 16)
         self.assertLess(batches.overflow_probability, 1e-10)
+        self.assertEqual(batches.dataset.element_spec[0].shape.as_list(),
+                         [16 if multiple is None else None, 1])
         counts = np.zeros(n)
         steps = 0
         for epoch in range(10):
             micro = 0
+            step_rows = []
             for bx, by, bw in batches.dataset:
                 bx, by, bw = bx.numpy(), by.numpy(), bw.numpy()
-                self.assertEqual(bx.shape, (16, 1))  # static physical batch
                 real = bw > 0
+                step_rows.append((len(bx), int(real.sum())))
                 # Padding: weight 0 and zero features.
                 np.testing.assert_array_equal(bx[~real], 0.0)
                 np.testing.assert_array_equal(bx[real, 0], by[real] + 1.0)
                 counts[by[real]] += 1
                 micro += 1
+                if len(step_rows) == k:
+                    sizes = {rows for rows, _ in step_rows}
+                    self.assertLen(sizes, 1)  # k equal physical batches
+                    rows = sizes.pop()
+                    present = sum(real for _, real in step_rows)
+                    if multiple is None:
+                        self.assertEqual(rows, 16)
+                    else:
+                        # ceil(present / k) rounded up to the multiple,
+                        # at least one row, at most b.
+                        needed = max(1, math.ceil(present / k))
+                        self.assertEqual(
+                            rows,
+                            min(16, math.ceil(needed / multiple) * multiple),
+                        )
+                    step_rows = []
             self.assertEqual(
                 micro, batches.steps_per_epoch * batches.accumulation_steps
             )
@@ -237,6 +261,60 @@ class PoissonBatchesTest(parameterized.TestCase):
         for a, b in zip(_weights(padded), _weights(plain)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    def test_dynamic_batches_train_like_padded_ones(self):
+        # Same seed, same sampled examples: without noise the two pipelines
+        # give the same model, the dynamic one with fewer rows.
+        x, y = _data(90, seed=8)
+        rows, weights = {}, {}
+        for pad in (True, False):
+            # The draws depend on TensorFlow's global seed too.
+            keras.utils.set_random_seed(14)
+            batches = dp_data.poisson_batches(
+                (x, y), expected_batch_size=20, physical_batch_size=16,
+                steps_per_epoch=4, seed=9,
+                pad_to_multiple_of=None if pad else 1,
+            )
+            rows[pad] = sum(len(s[0]) for s in batches.dataset)
+            model = tf_dpadam.make_private(_model(seed=10))
+            model.compile(
+                optimizer=tf_dpadam.DPAdamCorrected(
+                    l2_norm_clip=0.5, noise_multiplier=0.0, batch_size=20,
+                    gradient_accumulation_steps=batches.accumulation_steps,
+                    learning_rate=0.01, phi=1e-4, epsilon=1e-6,
+                ),
+                loss=_LOSS,
+            )
+            model.fit(batches.dataset, verbose=0)
+            self.assertEqual(int(model.optimizer.iterations), 4)
+            weights[pad] = _weights(model)
+        self.assertLess(rows[False], 0.8 * rows[True])
+        for a, b in zip(weights[True], weights[False]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_dynamic_batches_survive_an_empty_step(self):
+        # q = 1 / 200: a step samples nobody with probability 0.37.
+        x, y = _data(200, seed=11)
+        batches = dp_data.poisson_batches(
+            (x, y), expected_batch_size=1, steps_per_epoch=12, seed=12,
+            pad_to_multiple_of=1,
+        )
+        steps = list(batches.dataset)
+        empty = [s for s in steps if not (s[2].numpy() > 0).any()]
+        self.assertNotEmpty(empty)
+        self.assertEqual(len(empty[0][0]), 1)  # one padding row
+        model = tf_dpadam.make_private(_model(seed=13))
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=1,
+                learning_rate=0.1,
+            ),
+            loss=_LOSS,
+        )
+        model.fit(batches.dataset, verbose=0)
+        self.assertEqual(int(model.optimizer.iterations), 12)
+        for w in _weights(model):
+            self.assertTrue(np.isfinite(w).all())
+
     def test_overflow_raises_instead_of_dropping(self):
         x, y = _data(200)
         batches = dp_data.poisson_batches(
@@ -264,6 +342,8 @@ class PoissonBatchesTest(parameterized.TestCase):
         ("overflow_one", {"expected_batch_size": 4,
                           "max_overflow_probability": 1.0},
          "max_overflow_probability"),
+        ("multiple_zero", {"expected_batch_size": 4, "pad_to_multiple_of": 0},
+         "pad_to_multiple_of"),
     )
     def test_bad_arguments(self, kwargs, name):
         x, y = _data(10)

@@ -17,6 +17,17 @@ mean B. `poisson_batches` builds such a `tf.data` pipeline:
   `max_overflow_probability` per step (exact binomial tail). Should it happen
   anyway, the pipeline raises an error: no example is dropped silently.
 
+With `pad_to_multiple_of=m` the n sampled examples are instead split into
+the same k physical batches, each padded only to the next multiple of m
+rows (at least m, at most b): batches of dynamic size that skip most of the
+padding's compute (M - B of every M rows with static padding, 30% for
+B = 256 of N = 60,000). Each distinct size is a new shape for the kernels
+(oneDNN prepares its primitives per shape) and for XLA (one compilation per
+shape), so m trades padding against shapes: m = 32 gives at most b / 32
+shapes. The privacy accounting is the same either way (it does not treat
+the batch size as secret; as with every Poisson implementation with dynamic
+batches, the step's timing reveals it).
+
 Use the expected batch size B as the optimizer's `batch_size`, so that the
 denominator and Phi are public constants, and compile training metrics as
 `weighted_metrics` (Keras weights only those by the sample weights; plain
@@ -99,7 +110,7 @@ def _check_positive_int(name, value):
 
 def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                     steps_per_epoch=None, seed=None,
-                    max_overflow_probability=1e-10):
+                    max_overflow_probability=1e-10, pad_to_multiple_of=None):
     """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
 
     Args:
@@ -111,6 +122,9 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         steps_per_epoch: logical steps per pass; defaults to ceil(N / B).
         seed: optional int; every pass draws new batches either way.
         max_overflow_probability: bound on P(batch size > M) per step.
+        pad_to_multiple_of: None (default): physical batches of the static
+            size b (XLA compiles once). An int m: each physical batch is
+            padded to the next multiple of m only (dynamic sizes <= b).
 
     Returns:
         A `PoissonBatches`.
@@ -140,6 +154,8 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
             f"Expected max_overflow_probability={max_overflow_probability!r}"
             " in (0, 1)."
         )
+    if pad_to_multiple_of is not None:
+        _check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     q = expected_batch_size / num_examples
     if physical_batch_size is None:
         # A multiple of 8, so that the batch splits evenly over up to 8
@@ -177,7 +193,15 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
             ),
         )
         with tf.control_dependencies([check]):
-            padding = capacity - size
+            if pad_to_multiple_of is None:
+                rows_per_batch = physical_batch_size  # static
+            else:
+                m = pad_to_multiple_of
+                rows = tf.maximum(1, (size + k - 1) // k)
+                rows_per_batch = tf.minimum(
+                    physical_batch_size, (rows + m - 1) // m * m
+                )
+            padding = k * rows_per_batch - size
 
         def gather_and_pad(array):
             rows = tf.gather(array, indices)
@@ -190,7 +214,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         bw = tf.cast(bw, tf.float32)
         return tf.nest.map_structure(
             lambda t: tf.reshape(
-                t, tf.concat([[k, physical_batch_size], tf.shape(t)[1:]], 0)
+                t, tf.concat([[k, rows_per_batch], tf.shape(t)[1:]], 0)
             ),
             (bx, by, bw),
         )
