@@ -1,5 +1,7 @@
 """Ghost clipping in lockstep with explicit per-example clipping."""
 
+import math
+import re
 from unittest import mock
 
 import keras
@@ -254,6 +256,38 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         ):
             self.assert_lockstep(model, x, y, jit=jit,
                                  dynamic_batch=dynamic_batch)
+
+    def test_conv_chunks_under_xla_hold_no_padded_copies(self):
+        # A slice with a dynamic start and size -1 made XLA pad the sliced
+        # tensor to twice its size in every dimension (16x an output
+        # gradient; 512 MiB for the paper's CNN at B = 256). The largest
+        # legitimate buffer here is one chunk of patches: 3 examples x 72
+        # positions x 27 floats; allow 1.5x that for XLA's choices.
+        model = _sequential(
+            (9, 8, 3),
+            keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
+                                name="conv2d"),
+            keras.layers.Conv2D(2, 3, padding="valid", dilation_rate=2,
+                                name="dilated"),
+            keras.layers.Flatten(), keras.layers.Dense(3),
+        )
+        model.compile(loss=_MSE)
+        x, y = _normal((_B, 9, 8, 3)), _normal((_B, 3), seed=1)
+        loss_fn = ghost_clipping.compiled_loss_fn(model)
+
+        @tf.function(jit_compile=True)
+        def run(x, y):
+            return ghost_clipping.clipped_sum(model, loss_fn, x, y, None, 1.0)
+
+        chunk_floats = 3 * 9 * 8 * 27
+        with mock.patch.object(
+            ghost_clipping, "CONV_PATCH_FLOATS_PER_CHUNK", chunk_floats
+        ):
+            hlo = run.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+        sizes = [math.prod(int(d) for d in dims.split(","))
+                 for dims in re.findall(r"f32\[([\d,]+)\]", hlo)]
+        self.assertNotEmpty(sizes)
+        self.assertLessEqual(max(sizes), 1.5 * chunk_floats)
 
     @parameterized.named_parameters(
         ("same", {"padding": "same"}),
