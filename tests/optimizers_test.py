@@ -23,6 +23,7 @@ from absl.testing import parameterized
 from scipy import stats
 
 import tf_dpadam
+from tf_dpadam import privatizer
 
 _LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 _D, _HIDDEN, _CLASSES = 4, 5, 3
@@ -436,7 +437,7 @@ _EXAMPLES = 8
 _SIGMA, _CLIP = 1.1, 0.9
 
 
-def _pure_noise_update(optimizer, seed):
+def _pure_noise_update(optimizer, seed, jit=False):
     """The update of one step whose clipped gradient sum is exactly 0.
 
     Zero inputs, zero targets, a zero bias-free kernel and MSE: every
@@ -449,7 +450,7 @@ def _pure_noise_update(optimizer, seed):
                            kernel_initializer="zeros"),
     ])
     model = tf_dpadam.make_private(base, seed=seed)
-    model.compile(optimizer=optimizer, loss="mse")
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
     model.train_on_batch(np.zeros((_EXAMPLES, _UNITS_IN), "float32"),
                          np.zeros((_EXAMPLES, _UNITS_OUT), "float32"))
     return np.array(base.weights[0], np.float64).ravel()
@@ -489,14 +490,17 @@ def _corrected_ratio_tail(threshold, c):
 
 class NoiseStatisticsTest(parameterized.TestCase):
 
-    @parameterized.named_parameters(("counted_b", None), ("fixed_b", 20))
+    @parameterized.named_parameters(
+        ("counted_b", None, False), ("fixed_b", 20, False),
+        ("fixed_b_xla", 20, True),
+    )
     def test_dpsgd_update_is_gaussian_with_std_sigma_c_over_b(
-        self, batch_size
+        self, batch_size, jit
     ):
         update = _pure_noise_update(
             tf_dpadam.DPSGD(l2_norm_clip=_CLIP, noise_multiplier=_SIGMA,
                             batch_size=batch_size, learning_rate=1.0),
-            seed=11,
+            seed=11, jit=jit,
         )
         b = _EXAMPLES if batch_size is None else batch_size
         expected = _SIGMA * _CLIP / b
@@ -512,6 +516,42 @@ class NoiseStatisticsTest(parameterized.TestCase):
         # Gaussian tails: P(|z| > 2 s) = 2 (1 - Phi(2)) = 4.55%.
         _assert_share(self, np.abs(update), 2 * expected,
                       2 * stats.norm.sf(2.0), "|update| / s")
+
+    @parameterized.named_parameters(
+        ("generator_graph", "generator", False),
+        ("generator_xla", "generator", True),
+        ("seed_pair_graph", "pair", False),
+        ("seed_pair_xla", "pair", True),
+    )
+    def test_equal_shaped_tensors_get_independent_noise(self, seed, jit):
+        # Two tensors of one shape (as a model's twin layers have), two
+        # steps: four draws that must be independent N(0, stddev^2).
+        stddev, shape = 2.0, (320, 320)
+        n = shape[0] * shape[1]
+        zeros = [tf.zeros(shape), tf.zeros(shape)]
+        if seed == "generator":
+            generator = keras.random.SeedGenerator(5)
+            step = tf.function(
+                lambda: privatizer.add_noise(zeros, stddev, generator),
+                jit_compile=jit,
+            )
+            draws = step() + step()
+        else:
+            step = tf.function(
+                lambda s: privatizer.add_noise(zeros, stddev, s),
+                jit_compile=jit,
+            )
+            draws = step(tf.constant([5, 6])) + step(tf.constant([5, 7]))
+        draws = [np.asarray(d, np.float64).ravel() for d in draws]
+        for draw in draws:
+            # Relative standard error of the sample std: 1/sqrt(2n) = 0.22%.
+            self.assertAlmostEqual(np.std(draw) / stddev, 1.0,
+                                   delta=5 / math.sqrt(2 * n))
+        # Sample correlations of independent draws: standard error
+        # 1/sqrt(n) = 0.31%; equal noise would give 1.
+        correlations = np.corrcoef(np.stack(draws))
+        off_diagonal = correlations[~np.eye(len(draws), dtype=bool)]
+        self.assertLess(np.max(np.abs(off_diagonal)), 5 / math.sqrt(n))
 
     @parameterized.named_parameters(
         # gamma' = 0.04 Phi (epsilon=None), B counted: r(u) peaks at

@@ -87,14 +87,35 @@ def clip_and_sum(per_example_grads, l2_norm_clip, mask=None):
     return summed, norms
 
 
+def gaussian(shape, stddev, dtype, seed):
+    """N(0, stddev^2) samples from TensorFlow's Philox generator.
+
+    `seed` is a `keras.random.SeedGenerator` (advanced by one draw) or a
+    `[2]` integer seed. The algorithm is named: TensorFlow's default
+    ("auto_select") compiles under XLA on CPU to a generator 50x slower
+    than Philox (1.8M normals: 620 vs 12 ms; graphs: 18 ms either way, and
+    graphs draw the same values as before), which made the noise alone
+    cost a third of an XLA step of the text model.
+    """
+    if isinstance(seed, keras_random.SeedGenerator):
+        seed = seed.next()
+    seed = tf.convert_to_tensor(seed)
+    if seed.dtype != tf.int32:
+        # As Keras does: stateless ops take int32 seeds under XLA.
+        seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+    return tf.random.stateless_normal(
+        shape, seed=seed, stddev=stddev, dtype=dtype, alg="philox"
+    )
+
+
 def add_noise(grads, stddev, seed, share=1.0):
     """Adds N(0, stddev^2) noise to every coordinate, once.
 
     Args:
         grads: list of tensors.
         stddev: sigma * C (a Python number).
-        seed: a `keras.random.SeedGenerator` (or anything `keras.random.normal`
-            takes as seed).
+        seed: a `keras.random.SeedGenerator` (one draw per tensor), or a
+            `[2]` integer seed (split into one independent seed per tensor).
         share: multiplies the noise; under `tf.distribute` it is 1 on one
             replica and 0 on the others, so that the noise is added once.
 
@@ -103,11 +124,20 @@ def add_noise(grads, stddev, seed, share=1.0):
     """
     if stddev == 0:
         return list(grads)
+    grads = list(grads)
+    if isinstance(seed, keras_random.SeedGenerator):
+        seeds = [seed] * len(grads)
+    else:
+        # Never the same seed twice: equal-shaped tensors would get equal
+        # noise.
+        seeds = tf.unstack(tf.random.experimental.stateless_split(
+            tf.cast(seed, tf.int64), num=len(grads)
+        ))
     return [
-        g + ops.cast(share, g.dtype) * keras_random.normal(
-            ops.shape(g), stddev=stddev, dtype=g.dtype, seed=seed
+        g + ops.cast(share, g.dtype) * gaussian(
+            ops.shape(g), stddev, g.dtype, s
         )
-        for g in grads
+        for g, s in zip(grads, seeds)
     ]
 
 
