@@ -36,7 +36,7 @@ from absl import flags
 
 flags.DEFINE_list("configs", ["cnn", "text", "cnn_accum"], "Configurations.")
 flags.DEFINE_list("jit", ["false", "true"], "XLA settings to measure.")
-flags.DEFINE_integer("steps", 10, "Timed steps after warm-up.")
+flags.DEFINE_integer("steps", 20, "Timed steps after warm-up.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps first.")
 flags.DEFINE_string("output", None, "Also write the results as JSON here.")
 flags.DEFINE_string("child", None, "Internal: run one variant, as JSON.")
