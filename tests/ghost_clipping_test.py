@@ -129,6 +129,18 @@ def _sequential(input_shape, *layers, seed=0, dtype="float32"):
     )
 
 
+def _two_conv_model():
+    """Two small convolutions (9 x 8 positions, 27 patch floats) + head."""
+    return _sequential(
+        (9, 8, 3),
+        keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
+                            name="conv2d"),
+        keras.layers.Conv2D(2, 3, padding="valid", dilation_rate=2,
+                            name="dilated"),
+        keras.layers.Flatten(), keras.layers.Dense(3),
+    )
+
+
 class LayerTest(_LockstepMixin, parameterized.TestCase):
 
     @parameterized.named_parameters(
@@ -242,14 +254,7 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         # examples. With a static batch of 8 the last chunk is examples 5-7
         # (overlapping the second); with an unknown batch size the last
         # chunk is padded with zero examples.
-        model = _sequential(
-            (9, 8, 3),
-            keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
-                                name="conv2d"),
-            keras.layers.Conv2D(2, 3, padding="valid", dilation_rate=2,
-                                name="dilated"),
-            keras.layers.Flatten(), keras.layers.Dense(3),
-        )
+        model = _two_conv_model()
         x, y = _normal((_B, 9, 8, 3)), _normal((_B, 3), seed=1)
         with mock.patch.object(
             ghost_clipping, "CONV_PATCH_FLOATS_PER_CHUNK", 3 * 9 * 8 * 27
@@ -263,14 +268,7 @@ class LayerTest(_LockstepMixin, parameterized.TestCase):
         # gradient; 512 MiB for the paper's CNN at B = 256). The largest
         # legitimate buffer here is one chunk of patches: 3 examples x 72
         # positions x 27 floats; allow 1.5x that for XLA's choices.
-        model = _sequential(
-            (9, 8, 3),
-            keras.layers.Conv2D(4, 3, padding="same", activation="tanh",
-                                name="conv2d"),
-            keras.layers.Conv2D(2, 3, padding="valid", dilation_rate=2,
-                                name="dilated"),
-            keras.layers.Flatten(), keras.layers.Dense(3),
-        )
+        model = _two_conv_model()
         model.compile(loss=_MSE)
         x, y = _normal((_B, 9, 8, 3)), _normal((_B, 3), seed=1)
         loss_fn = ghost_clipping.compiled_loss_fn(model)
