@@ -19,10 +19,16 @@ ablation sweeps one hyperparameter with everything else fixed, one run
    (1 - beta_1) = sqrt(1 - beta_2), for DP-AdamBC (lr 1e-3, gamma' = 0.04
    Phi) and DP-Adam (biased; lr 1e-2, gamma = 1e-8, its best on
    Fashion-MNIST), next to Keras' defaults beta = (0.9, 0.999).
+4. `lr`: the learning rate at this scale, DP-AdamBC over
+   `--lr_sweep_corrected` (default 3e-4, 1e-3, 3e-3, 1e-2) and DP-Adam over
+   `--lr_sweep_adam` (default 3e-3, 1e-2, 3e-2), everything else default:
+   whether the other ablations' fixed learning rates (the main
+   experiment's picks) still suit a shorter run.
 
-`--ablation=all` runs the three (the DP-AdamBC run with the defaults, lr
+`--ablation=all` runs the four (the DP-AdamBC run with the defaults, lr
 1e-3, gamma' = 0.04 Phi, true Phi, beta = (0.9, 0.999), is the reference of
-all three and trains once). `--spread_seeds` reruns that reference with
+all four and trains once; DP-Adam's default run is shared by `beta` and
+`lr`). `--spread_seeds` reruns that reference with
 other seeds, which measures the seed-to-seed spread the report uses to tell
 an effect from noise.
 
@@ -38,7 +44,8 @@ B = 256, epsilon = 7: 719 steps on the 60k images). For a cheaper run use a
 subset and recalibrate sigma so that epsilon = 7 still takes a few hundred
 steps, e.g. `--max_examples=20000 --noise_multiplier=0.59` (235 steps; the
 17 runs of the report took 31 minutes on 2 CPU cores shared with other jobs).
-The learning rates are the main experiment's picks at every scale.
+The fixed learning rates are the main experiment's picks at every scale;
+the `lr` ablation checks them at the scale of the run.
 """
 
 import dataclasses
@@ -59,7 +66,7 @@ from tf_dpadam import dp_math
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TASK = "fashion_mnist"
-ABLATIONS = ("phi", "gamma", "beta")
+ABLATIONS = ("phi", "gamma", "beta", "lr")
 REPORT_STEM = "ABLATIONS_fashion_mnist"
 # The main experiment (docs/RESULTS_fashion_mnist.md): all 60k training
 # images at epsilon = 7 with PAPER_DEFAULTS' C, sigma and B.
@@ -111,6 +118,10 @@ def define_flags():
     flags.DEFINE_list("beta_2s", ["0.99", "0.999", "0.9999"],
                       "beta ablation: beta_2, with beta_1 = 1 - sqrt(1 - "
                       "beta_2).")
+    flags.DEFINE_list("lr_sweep_corrected", ["3e-4", "1e-3", "3e-3", "1e-2"],
+                      "lr ablation: DP-AdamBC's learning rates.")
+    flags.DEFINE_list("lr_sweep_adam", ["3e-3", "1e-2", "3e-2"],
+                      "lr ablation: DP-Adam's learning rates.")
     flags.DEFINE_float("learning_rate_corrected", 1e-3,
                        "DP-AdamBC's learning rate (all ablations).")
     flags.DEFINE_float("learning_rate_adam", 1e-2,
@@ -200,6 +211,8 @@ class Sweeps:
     phi_multiples: tuple = (0.1, 1.0, 10.0)
     gammas: tuple = (1e-9, 1e-8, 1e-7, 1e-6, 1e-5, None)
     beta_2s: tuple = (0.99, 0.999, 0.9999)
+    lr_sweep_corrected: tuple = (3e-4, 1e-3, 3e-3, 1e-2)
+    lr_sweep_adam: tuple = (3e-3, 1e-2, 3e-2)
     learning_rate_corrected: float = 1e-3
     learning_rate_adam: float = 1e-2
     gamma_adam: float = 1e-8
@@ -208,6 +221,27 @@ class Sweeps:
 def reference_arm(sweeps):
     """DP-AdamBC with every default: the shared reference run."""
     return Arm("dpadam_corrected", sweeps.learning_rate_corrected, None)
+
+
+def adam_arm(sweeps, learning_rate=None):
+    """DP-Adam (biased) with the default betas, at `learning_rate` (default:
+    the fixed `sweeps.learning_rate_adam`)."""
+    return Arm("dpadam", learning_rate or sweeps.learning_rate_adam,
+               sweeps.gamma_adam)
+
+
+def _lr_points(series, swept, fixed, make_arm):
+    """The lr ablation's points of one optimizer: the swept learning rates
+    and the fixed one (the reference, added if not swept)."""
+    points = []
+    for lr in sorted(set(swept) | {fixed}):
+        if not lr > 0:
+            raise ValueError(f"Expected learning rates > 0, got {lr}.")
+        points.append(Point(
+            series, lr,
+            f"{series}, lr {lr:g}" + (" (default)" if lr == fixed else ""),
+            make_arm(lr), reference=lr == fixed))
+    return points
 
 
 def make_ablations(phi, sweeps):
@@ -251,6 +285,12 @@ def make_ablations(phi, sweeps):
             series, 1.0 - DEFAULT_BETAS[1],
             f"{series}, β = {DEFAULT_BETAS} (default, unpaired)",
             Arm(optimizer, lr, gamma), reference=True))
+    lr_points = _lr_points(
+        "DP-AdamBC", sweeps.lr_sweep_corrected, lr_bc,
+        lambda lr: Arm("dpadam_corrected", lr, None))
+    lr_points += _lr_points(
+        "DP-Adam", sweeps.lr_sweep_adam, sweeps.learning_rate_adam,
+        lambda lr: adam_arm(sweeps, lr))
     return {
         "phi": Ablation(
             "phi", "Φ' ablation: the subtracted noise variance",
@@ -269,6 +309,12 @@ def make_ablations(phi, sweeps):
             f"DP-AdamBC: lr {lr_bc:g}, γ' = {GAMMA_OVER_PHI:g}·Φ; DP-Adam "
             f"(biased): lr {sweeps.learning_rate_adam:g}, γ = "
             f"{sweeps.gamma_adam:g} outside the root"),
+        "lr": Ablation(
+            "lr", "Learning rate at this scale", "learning rate",
+            tuple(lr_points),
+            f"DP-AdamBC: γ' = {GAMMA_OVER_PHI:g}·Φ, true Φ; DP-Adam "
+            f"(biased): γ = {sweeps.gamma_adam:g} outside the root; β = "
+            f"{DEFAULT_BETAS} for both"),
     }
 
 
@@ -469,6 +515,60 @@ def describe_beta(results, noise_points):
     return " ".join(sentences)
 
 
+def best_learning_rates(results):
+    """series -> `(lr, accuracy)` of its best finished lr-ablation run.
+
+    Args:
+        results: series name -> list of `(lr, accuracy, is_default)`
+            (accuracy a fraction, None if not run).
+    """
+    best = {}
+    for series, rows in results.items():
+        done = [(lr, a) for lr, a, _ in rows if a is not None]
+        if done:
+            best[series] = max(done, key=lambda p: p[1])
+    return best
+
+
+def describe_lr(results, noise_points):
+    """A paragraph on the learning-rate sweep.
+
+    Args:
+        results: series name -> list of `(lr, accuracy, is_default)`, the
+            default being the learning rate the other ablations fix
+            (accuracy a fraction, None if not run).
+        noise_points: gaps below this are called noise.
+    """
+    best = best_learning_rates(results)
+    sentences = []
+    for series, rows in results.items():
+        if series not in best:
+            continue
+        done = sorted((lr, a, d) for lr, a, d in rows if a is not None)
+        best_lr, best_a = best[series]
+        text = (f"{series}: lr " + ", ".join(
+            f"{lr:g} → {100 * a:.2f}%" + (" (fixed elsewhere)" if d else "")
+            for lr, a, d in done) + f"; best lr {best_lr:g}")
+        if len(done) > 1 and best_lr in (done[0][0], done[-1][0]):
+            text += " (at the edge of the sweep)"
+        fixed = [(lr, a) for lr, a, d in done if d]
+        if fixed and fixed[0][0] != best_lr:
+            lr, a = fixed[0]
+            text += (f"; the fixed lr {lr:g} is "
+                     f"{_gap_words(100 * (a - best_a), noise_points)} from "
+                     "it")
+        sentences.append(text + ".")
+    if not sentences:
+        return "Not enough finished runs for the learning-rate sweep yet."
+    if len(best) == 2 and {"DP-AdamBC", "DP-Adam"} <= set(best):
+        (lr_bc, a_bc), (lr_adam, a_adam) = best["DP-AdamBC"], best["DP-Adam"]
+        sentences.append(
+            f"At their best learning rates here, DP-AdamBC scores "
+            f"{100 * a_bc:.2f}% and DP-Adam {100 * a_adam:.2f}% "
+            f"(DP-AdamBC {_gap_words(100 * (a_bc - a_adam), noise_points)}).")
+    return " ".join(sentences)
+
+
 def peak_then_drop(history, noise_points):
     """`(step, peak accuracy)` if a curve ended more than `noise_points`
     below its peak (a run that got worse while training), else None.
@@ -510,7 +610,7 @@ def favours_larger_steps(phi_results, gamma_results, phi, noise_points):
 
 
 def describe_summary(*, corrected, adam, larger_steps, drops, noise_points,
-                     lr_corrected, lr_adam, steps, full_steps):
+                     lr_corrected, lr_adam, steps, full_steps, tuned=None):
     """The closing paragraph: the two optimizers at this scale, the runs that
     got worse while training, and what the learning rates were tuned for.
 
@@ -524,7 +624,10 @@ def describe_summary(*, corrected, adam, larger_steps, drops, noise_points,
         lr_corrected, lr_adam: their learning rates.
         steps: steps per run here (None if unknown or mixed).
         full_steps: steps of the main experiment.
+        tuned: `best_learning_rates(...)` of the lr ablation (None or
+            empty if it has not run).
     """
+    tuned = tuned or {}
     text = []
     if corrected is not None and adam is not None:
         gap = 100 * (corrected - adam)
@@ -535,17 +638,39 @@ def describe_summary(*, corrected, adam, larger_steps, drops, noise_points,
             + (f"DP-AdamBC {'leads' if gap > 0 else 'trails'} by "
                f"{abs(gap):.2f} points." if abs(gap) >= noise_points else
                f"a gap of {gap:+.2f} points, within noise."))
-    text.append(
-        f"Both learning rates are the main experiment's picks "
-        f"({full_steps} steps) and were not re-tuned for "
-        f"{steps or 'these'} steps.")
+    if tuned:
+        text.append(
+            f"The fixed learning rates are the main experiment's picks "
+            f"({full_steps} steps); the lr sweep re-tunes them for "
+            f"{steps or 'these'} steps: "
+            + ", ".join(f"{series} is best at lr {lr:g} ({100 * a:.2f}%)"
+                        for series, (lr, a) in tuned.items()) + ".")
+    else:
+        text.append(
+            f"Both learning rates are the main experiment's picks "
+            f"({full_steps} steps) and were not re-tuned for "
+            f"{steps or 'these'} steps.")
     if larger_steps:
         text.append(
             "Both the Φ' and the γ' ablation favour a setting that takes "
-            "larger steps than the reference (Φ' > Φ, γ' < 0.04·Φ), which "
-            f"suggests that lr {lr_corrected:g} is on the small side for "
-            "this shorter run; telling that apart from a real preference needs a "
-            "learning-rate sweep at this scale.")
+            "larger steps than the reference (Φ' > Φ, γ' < 0.04·Φ)")
+        best_bc = tuned.get("DP-AdamBC")
+        if best_bc is None:
+            text[-1] += (
+                f", which suggests that lr {lr_corrected:g} is on the small "
+                "side for this shorter run; telling that apart from a real "
+                "preference needs a learning-rate sweep at this scale.")
+        elif best_bc[0] > lr_corrected:
+            text[-1] += (
+                f", and the lr sweep agrees that lr {lr_corrected:g} is on "
+                f"the small side at this scale (best: {best_bc[0]:g}): "
+                "those two ablations partly measure an under-tuned step "
+                "size.")
+        else:
+            text[-1] += (
+                f"; the lr sweep finds no larger learning rate better than "
+                f"{lr_corrected:g} (best: {best_bc[0]:g}), so the larger "
+                "steps they prefer come from Φ' and γ' themselves.")
     if drops:
         text.append(
             "Runs that ended more than the noise below their peak: "
@@ -603,7 +728,7 @@ def plot_ablation(path, ablation, records, seed, phi):
             if p.series == series and not p.reference
             and (p.arm, seed) in records)
         # In the gamma sweep the default belongs on the line (at 0.04 Phi).
-        if ablation.name in ("phi", "gamma"):
+        if ablation.name in ("phi", "gamma", "lr"):
             line_points = sorted(line_points + [
                 (p.x, records[(p.arm, seed)].accuracy)
                 for p in ablation.points if p.series == series
@@ -827,6 +952,9 @@ def _summary(ablations, records, seed, phi, noise_points, sweeps, steps,
         adam = next((a for p, a in _accuracies(by_name["beta"], records,
                                                seed)
                      if p.reference and p.arm.optimizer == "dpadam"), None)
+    tuned = {}
+    if "lr" in by_name:
+        tuned = best_learning_rates(_lr_results(by_name["lr"], records, seed))
     reference = records.get((reference_arm(sweeps), seed))
     drops = []
     for ablation in ablations:
@@ -842,7 +970,15 @@ def _summary(ablations, records, seed, phi, noise_points, sweeps, steps,
         drops=drops, noise_points=noise_points,
         lr_corrected=sweeps.learning_rate_corrected,
         lr_adam=sweeps.learning_rate_adam, steps=steps,
-        full_steps=full_steps)
+        full_steps=full_steps, tuned=tuned)
+
+
+def _lr_results(ablation, records, seed):
+    """The lr ablation's `series -> [(lr, accuracy or None, is_default)]`."""
+    results = {}
+    for p, a in _accuracies(ablation, records, seed):
+        results.setdefault(p.series, []).append((p.x, a, p.reference))
+    return results
 
 
 def _describe(ablation, records, seed, phi, noise_points):
@@ -857,6 +993,9 @@ def _describe(ablation, records, seed, phi, noise_points):
         return describe_gamma(
             [(None if p.reference else p.x, acc(p))
              for p in ablation.points], phi, noise_points)
+    if ablation.name == "lr":
+        return describe_lr(_lr_results(ablation, records, seed),
+                           noise_points)
     results = {}
     for p in ablation.points:
         key = "default" if p.reference else p.arm.beta_2
@@ -973,6 +1112,9 @@ def main(argv):
             phi_multiples=reproduce.parse_floats(FLAGS.phi_multiples),
             gammas=reproduce.parse_gammas(FLAGS.gammas),
             beta_2s=reproduce.parse_floats(FLAGS.beta_2s),
+            lr_sweep_corrected=reproduce.parse_floats(
+                FLAGS.lr_sweep_corrected),
+            lr_sweep_adam=reproduce.parse_floats(FLAGS.lr_sweep_adam),
             learning_rate_corrected=FLAGS.learning_rate_corrected,
             learning_rate_adam=FLAGS.learning_rate_adam,
             gamma_adam=FLAGS.gamma_adam)

@@ -70,7 +70,7 @@ class SweptValuesTest(parameterized.TestCase):
         phi = ablations.true_phi(1.0, 0.52, 256)
         sweeps = ablations.Sweeps()
         abl = ablations.make_ablations(phi, sweeps)
-        self.assertEqual(list(abl), ["phi", "gamma", "beta"])
+        self.assertEqual(list(abl), ["phi", "gamma", "beta", "lr"])
         reference = Arm("dpadam_corrected", 1e-3, None)
         # Phi': m = 1 is the reference; 0.1 and 10 keep gamma' = 0.04 Phi.
         arms = [p.arm for p in abl["phi"].points]
@@ -98,8 +98,29 @@ class SweptValuesTest(parameterized.TestCase):
         adam = [p.arm for p in abl["beta"].points if p.series == "DP-Adam"]
         self.assertTrue(all((a.optimizer, a.learning_rate, a.gamma)
                             == ("dpadam", 1e-2, 1e-8) for a in adam))
-        # 3 + 5 + 7 distinct runs: the reference trains once.
-        self.assertLen(ablations.unique_arms(abl.values()), 15)
+        # lr: DP-AdamBC's 4 (1e-3 is the reference), DP-Adam's 3 (1e-2 is
+        # the beta ablation's default run).
+        lrs = [(p.series, p.x, p.reference) for p in abl["lr"].points]
+        self.assertEqual(lrs, [
+            ("DP-AdamBC", 3e-4, False), ("DP-AdamBC", 1e-3, True),
+            ("DP-AdamBC", 3e-3, False), ("DP-AdamBC", 1e-2, False),
+            ("DP-Adam", 3e-3, False), ("DP-Adam", 1e-2, True),
+            ("DP-Adam", 3e-2, False)])
+        self.assertEqual(abl["lr"].points[1].arm, reference)
+        self.assertEqual(abl["lr"].points[5].arm, adam[-1])
+        self.assertEqual(abl["lr"].points[0].arm,
+                         Arm("dpadam_corrected", 3e-4, None))
+        self.assertEqual(abl["lr"].points[6].arm, Arm("dpadam", 3e-2, 1e-8))
+        # 3 + 5 + 7 + 5 distinct runs: the shared ones train once.
+        self.assertLen(ablations.unique_arms(abl.values()), 20)
+        # A fixed lr outside the sweep is added to it, as its default.
+        abl = ablations.make_ablations(phi, ablations.Sweeps(
+            lr_sweep_corrected=(1e-2,), lr_sweep_adam=(1e-2,)))
+        self.assertEqual([(p.x, p.reference) for p in abl["lr"].points],
+                         [(1e-3, True), (1e-2, False), (1e-2, True)])
+        with self.assertRaisesRegex(ValueError, "learning rates > 0"):
+            ablations.make_ablations(phi, ablations.Sweeps(
+                lr_sweep_corrected=(0.0,)))
 
     def test_variant_names_and_plans(self):
         self.assertEqual(ablations.variant_name(
@@ -178,6 +199,33 @@ class JudgingTest(absltest.TestCase):
         self.assertIn("DP-Adam: paired β₂ = 0.99 → 80.00%, 0.999 → 80.50%; "
                       "spread 0.50 points (within noise).", text)
 
+    def test_describe_lr(self):
+        results = {
+            "DP-AdamBC": [(3e-4, 0.70, False), (1e-3, 0.744, True),
+                          (3e-3, 0.78, False), (1e-2, 0.60, False)],
+            "DP-Adam": [(3e-3, 0.77, False), (1e-2, 0.7915, True),
+                        (3e-2, None, False)],
+        }
+        self.assertEqual(ablations.best_learning_rates(results),
+                         {"DP-AdamBC": (3e-3, 0.78),
+                          "DP-Adam": (1e-2, 0.7915)})
+        text = ablations.describe_lr(results, noise_points=1.0)
+        self.assertIn("DP-AdamBC: lr 0.0003 → 70.00%, 0.001 → 74.40% (fixed "
+                      "elsewhere), 0.003 → 78.00%, 0.01 → 60.00%; best lr "
+                      "0.003; the fixed lr 0.001 is -3.60 points from it.",
+                      text)
+        # Best at the edge of what ran; the fixed lr is the best.
+        self.assertIn("DP-Adam: lr 0.003 → 77.00%, 0.01 → 79.15% (fixed "
+                      "elsewhere); best lr 0.01 (at the edge of the sweep).",
+                      text)
+        self.assertIn("At their best learning rates here, DP-AdamBC scores "
+                      "78.00% and DP-Adam 79.15% (DP-AdamBC -1.15 points).",
+                      text)
+        self.assertIn("within noise", ablations.describe_lr(
+            {"DP-AdamBC": [(1e-3, 0.75, True), (3e-3, 0.755, False)]}, 1.0))
+        self.assertIn("Not enough", ablations.describe_lr(
+            {"DP-AdamBC": [(1e-3, None, True)]}, 1.0))
+
     def test_peak_then_drop(self):
         # Peak 0.68 at step 40, final 0.42: 26 points below, beyond 1.
         self.assertEqual(ablations.peak_then_drop(
@@ -222,6 +270,22 @@ class JudgingTest(absltest.TestCase):
         self.assertIn("a gap of +0.10 points, within noise.", text)
         self.assertNotIn("small side", text)
         self.assertNotIn("peaked", text)
+        # With the lr sweep: what it found replaces the caveat.
+        summary = dict(corrected=0.744, adam=0.7915, larger_steps=True,
+                       drops=[], noise_points=0.65, lr_corrected=1e-3,
+                       lr_adam=1e-2, steps=235, full_steps=719)
+        text = ablations.describe_summary(
+            tuned={"DP-AdamBC": (3e-3, 0.78), "DP-Adam": (1e-2, 0.79)},
+            **summary)
+        self.assertIn("the lr sweep re-tunes them for 235 steps: DP-AdamBC "
+                      "is best at lr 0.003 (78.00%), DP-Adam is best at lr "
+                      "0.01 (79.00%).", text)
+        self.assertNotIn("not re-tuned", text)
+        self.assertIn("the lr sweep agrees that lr 0.001 is on the small "
+                      "side at this scale (best: 0.003)", text)
+        text = ablations.describe_summary(
+            tuned={"DP-AdamBC": (1e-3, 0.744)}, **summary)
+        self.assertIn("finds no larger learning rate better than 0.001", text)
 
     def test_scale_sentence(self):
         same = dict(full_examples=60000, full_noise=0.52, full_batch=256,
@@ -250,7 +314,9 @@ class PipelineTest(absltest.TestCase):
             target_epsilon=None, epochs=0.5, eval_every=2)
         phi = 1.0 / 256  # (sigma C / B)^2 = (1 / 16)^2.
         sweeps = ablations.Sweeps(phi_multiples=(1.0, 10.0),
-                                  gammas=(1e-8, None), beta_2s=(0.99,))
+                                  gammas=(1e-8, None), beta_2s=(0.99,),
+                                  lr_sweep_corrected=(1e-3, 1e-2),
+                                  lr_sweep_adam=(1e-2,))
         data = reproduce.data_spec("fashion_mnist")
         train, test = _tiny_images()
         trained = []
@@ -270,8 +336,9 @@ class PipelineTest(absltest.TestCase):
             ablations.ABLATIONS, train_fn=train_fn,
             command="python -m examples.ablations", **kwargs)
         # phi: 2 (with the reference); gamma: + 1e-8; beta: DP-AdamBC
-        # paired, DP-Adam paired and DP-Adam default.
-        self.assertLen(trained, 6)
+        # paired, DP-Adam paired and DP-Adam default; lr: + DP-AdamBC at
+        # 1e-2 (its 1e-3 and DP-Adam's 1e-2 are runs above).
+        self.assertLen(trained, 7)
         by_phi = {c.phi: c for c in trained}
         # Phi' = 10 Phi = 0.0390625 with gamma' = 0.04 Phi = 1.5625e-4;
         # every other run subtracts the true Phi (phi=None).
@@ -293,7 +360,7 @@ class PipelineTest(absltest.TestCase):
 
         self.assertEqual(path, os.path.join(
             output_dir, "ABLATIONS_fashion_mnist.md"))
-        for name in ("phi", "gamma", "beta"):
+        for name in ("phi", "gamma", "beta", "lr"):
             with open(os.path.join(
                     output_dir, f"ABLATIONS_fashion_mnist_{name}.png"),
                     "rb") as f:
@@ -304,7 +371,7 @@ class PipelineTest(absltest.TestCase):
         records = ablations.collect(ablations.unique_arms(abl.values()),
                                     (0,), base=base, runs_dir=runs_dir,
                                     data=data)
-        self.assertLen(records, 6)
+        self.assertLen(records, 7)
         # Every setting is a row with its run's accuracy.
         for ablation in abl.values():
             self.assertIn(f"## {ablation.title}", text)
@@ -321,9 +388,12 @@ class PipelineTest(absltest.TestCase):
                 "γ' = 0.04·Φ = 0.000156 (default)",
                 "DP-AdamBC, β₂ = 0.99, β₁ = 0.9",
                 "DP-Adam, β = (0.9, 0.999) (default, unpaired)",
+                "DP-AdamBC, lr 0.01", "DP-AdamBC, lr 0.001 (default)",
+                "At their best learning rates here",
+                "the lr sweep re-tunes them for 2 steps",
                 "`python -m examples.ablations`", "test-machine",
                 "**reduced**", "no ε target", "assumption", "## Summary",
-                "not re-tuned for 2 steps"):
+                ):
             self.assertIn(expected, text)
 
         # Finished runs are read back, never retrained.
@@ -339,8 +409,8 @@ class PipelineTest(absltest.TestCase):
             ablations.run_ablations(("phi",), train_fn=refuse,
                                     command="x", **kwargs)
         with self.assertRaisesRegex(ValueError, "Unknown ablation"):
-            ablations.run_ablations(("lr",), train_fn=refuse, command="x",
-                                    **kwargs)
+            ablations.run_ablations(("nope",), train_fn=refuse,
+                                    command="x", **kwargs)
 
     def test_main_rejects_stray_arguments(self):
         with flagsaver.flagsaver():
