@@ -43,7 +43,7 @@ C, sigma and B default to the main experiment's (C = 1, sigma = 0.52,
 B = 256, epsilon = 7: 719 steps on the 60k images). For a cheaper run use a
 subset and recalibrate sigma so that epsilon = 7 still takes a few hundred
 steps, e.g. `--max_examples=20000 --noise_multiplier=0.59` (235 steps; the
-17 runs of the report took 31 minutes on 2 CPU cores shared with other jobs).
+22 runs of the report took 32 minutes on 2 CPU cores shared with other jobs).
 The fixed learning rates are the main experiment's picks at every scale;
 the `lr` ablation checks them at the scale of the run.
 """
