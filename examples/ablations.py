@@ -223,13 +223,6 @@ def reference_arm(sweeps):
     return Arm("dpadam_corrected", sweeps.learning_rate_corrected, None)
 
 
-def adam_arm(sweeps, learning_rate=None):
-    """DP-Adam (biased) with the default betas, at `learning_rate` (default:
-    the fixed `sweeps.learning_rate_adam`)."""
-    return Arm("dpadam", learning_rate or sweeps.learning_rate_adam,
-               sweeps.gamma_adam)
-
-
 def _lr_points(series, swept, fixed, make_arm):
     """The lr ablation's points of one optimizer: the swept learning rates
     and the fixed one (the reference, added if not swept)."""
@@ -290,7 +283,7 @@ def make_ablations(phi, sweeps):
         lambda lr: Arm("dpadam_corrected", lr, None))
     lr_points += _lr_points(
         "DP-Adam", sweeps.lr_sweep_adam, sweeps.learning_rate_adam,
-        lambda lr: adam_arm(sweeps, lr))
+        lambda lr: Arm("dpadam", lr, sweeps.gamma_adam))
     return {
         "phi": Ablation(
             "phi", "Φ' ablation: the subtracted noise variance",
@@ -560,7 +553,7 @@ def describe_lr(results, noise_points):
         sentences.append(text + ".")
     if not sentences:
         return "Not enough finished runs for the learning-rate sweep yet."
-    if len(best) == 2 and {"DP-AdamBC", "DP-Adam"} <= set(best):
+    if {"DP-AdamBC", "DP-Adam"} <= set(best):
         (lr_bc, a_bc), (lr_adam, a_adam) = best["DP-AdamBC"], best["DP-Adam"]
         sentences.append(
             f"At their best learning rates here, DP-AdamBC scores "

@@ -392,8 +392,7 @@ class PipelineTest(absltest.TestCase):
                 "At their best learning rates here",
                 "the lr sweep re-tunes them for 2 steps",
                 "`python -m examples.ablations`", "test-machine",
-                "**reduced**", "no ε target", "assumption", "## Summary",
-                ):
+                "**reduced**", "no ε target", "assumption", "## Summary"):
             self.assertIn(expected, text)
 
         # Finished runs are read back, never retrained.
