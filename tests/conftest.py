@@ -1,10 +1,11 @@
-"""Test-process settings that must precede the first TensorFlow import."""
+"""Test-process settings that must precede the first TensorFlow import.
+
+The suite runs with TensorFlow's default kernels (oneDNN on x86 CPUs), as
+users do: TensorFlow 2.21's oneDNN batch matmul is wrong for the broadcasts
+that `tf.vectorized_map` makes, and running the tests without oneDNN hid that
+from them (`tf_dpadam/vectorization.py`).
+"""
 
 import os
 
-# TensorFlow 2.21's oneDNN batch-matmul kernel crashes the process (SIGSEGV)
-# on the batched matmuls that `tf.vectorized_map` makes of attention layers,
-# which the reference per-example path of several tests runs. Eigen's kernel
-# computes the same thing; see README ("Known issues").
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

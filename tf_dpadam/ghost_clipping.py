@@ -72,6 +72,7 @@ from keras import ops
 
 from tf_dpadam import dp_math
 from tf_dpadam import privatizer
+from tf_dpadam import vectorization
 
 try:  # Keras internals (stable across Keras 3 releases).
     from keras.src.backend.common.keras_tensor import any_symbolic_tensors
@@ -918,10 +919,9 @@ class _FallbackUnit(_Handler):
                     unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
 
-            per_example = tf.vectorized_map(
+            per_example = vectorization.vectorized_map(
                 one_example,
                 ([leaves[i] for i in tensor_index], [g for _, g in used]),
-                fallback_to_while_loop=True,
             )
             per_example = [ops.cast(g, "float32") for g in per_example]
             total = per_example if total is None else [
@@ -1343,9 +1343,8 @@ def compiled_loss_fn(model):
             saved = compile_loss._metrics
             compile_loss._metrics = [None] * len(saved)
         try:
-            return tf.vectorized_map(
-                one, tuple(examples[i] for i in present),
-                fallback_to_while_loop=True,
+            return vectorization.vectorized_map(
+                one, tuple(examples[i] for i in present)
             )
         finally:
             if saved is not None:

@@ -4,8 +4,8 @@ Each phase is a function of its own so that a variant (another way to get
 per-example gradients, accumulation over micro-batches, replicas) replaces one
 phase and keeps the others:
 
-1. `per_example_gradients`: one gradient per example, vectorized with
-   `tf.vectorized_map` (no Python loop over examples; XLA-compilable).
+1. `per_example_gradients`: one gradient per example, vectorized by
+   `vectorization.vectorized_map` (no Python loop; XLA-compilable).
 2. `clip_and_sum`: clip each example's gradient to global L2 norm C and sum.
 3. `add_noise`: add N(0, (sigma C)^2 I) once to the sum.
 4. `scale`: divide by the public denominator B.
@@ -15,11 +15,58 @@ added over replicas, the noise is drawn once (on the first replica) and the
 denominator is the global B.
 """
 
+import secrets
+import warnings
+
+import numpy as np
 import tensorflow as tf
 from keras import ops
 from keras import random as keras_random
 
 from tf_dpadam import dp_math
+from tf_dpadam import vectorization
+
+
+# Shown when a user passes an explicit seed for the DP noise or sampling.
+REPRODUCIBLE_SEED_WARNING = (
+    "{what} uses the explicit seed={seed!r}: anyone who knows it can"
+    " regenerate {drawn} and remove {effect}, so the result is NOT"
+    " differentially private against them. Use explicit seeds for"
+    " reproducible research only; leave seed=None (the default) to draw"
+    " the seed from the operating system's entropy."
+)
+
+
+def secret_seed():
+    """A 63-bit seed from the operating system's CSPRNG (`secrets`).
+
+    Independent of `keras.utils.set_random_seed`, `tf.random.set_seed`,
+    `random.seed` and `np.random.seed`: a script's seed cannot regenerate it.
+    """
+    return secrets.randbits(63)
+
+
+def resolve_seed(seed, what, drawn, effect):
+    """`seed` if given (with a warning), else a `secret_seed()`.
+
+    Raises:
+        ValueError: if `seed` is neither None nor a non-negative int.
+    """
+    if seed is None:
+        return secret_seed()
+    if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+            or not 0 <= seed < 2**63):
+        raise ValueError(
+            f"Expected seed={seed!r} to be None or an int in [0, 2**63)."
+        )
+    seed = int(seed)
+    warnings.warn(
+        REPRODUCIBLE_SEED_WARNING.format(
+            what=what, seed=seed, drawn=drawn, effect=effect
+        ),
+        stacklevel=3,
+    )
+    return seed
 
 
 def _add_batch_axis(structure):
@@ -60,7 +107,7 @@ def per_example_gradients(example_loss_fn, variables, examples):
         return grads, loss, _drop_batch_axis(aux)
 
     packed = tuple(examples[i] for i in present)
-    return tf.vectorized_map(one_example, packed, fallback_to_while_loop=True)
+    return vectorization.vectorized_map(one_example, packed)
 
 
 def clip_and_sum(per_example_grads, l2_norm_clip, mask=None):
@@ -87,28 +134,46 @@ def clip_and_sum(per_example_grads, l2_norm_clip, mask=None):
     return summed, norms
 
 
-def gaussian(shape, stddev, dtype, seed):
+# Secure mode draws each noise value as the sum of this many normals of std
+# stddev / sqrt(count) (the same variance; Holohan & Braghin 2021: a sum of
+# several floating-point normals is far harder to invert than one).
+SECURE_MODE_DRAWS = 4
+
+
+def gaussian(shape, stddev, dtype, seed, secure_mode=False):
     """N(0, stddev^2) samples from TensorFlow's Philox generator.
 
     `seed` is a `keras.random.SeedGenerator` (advanced by one draw) or a
-    `[2]` integer seed. The algorithm is named: TensorFlow's default
-    ("auto_select") compiles under XLA on CPU to a generator 50x slower
-    than Philox (1.8M normals: 620 vs 12 ms; graphs: 18 ms either way, and
-    graphs draw the same values as before), which made the noise alone
-    cost a third of an XLA step of the text model.
+    `[2]` integer seed (int32 or int64; all 64 bits of int64 words are
+    used). The algorithm is named: TensorFlow's default ("auto_select")
+    compiles under XLA on CPU to a generator 50x slower than Philox (1.8M
+    normals: 620 vs 12 ms; graphs: 18 ms either way), which made the noise
+    alone cost a third of an XLA step of the text model. With
+    `secure_mode`, each value is the sum of `SECURE_MODE_DRAWS` independent
+    normals of std `stddev / sqrt(SECURE_MODE_DRAWS)`.
     """
     if isinstance(seed, keras_random.SeedGenerator):
         seed = seed.next()
     seed = tf.convert_to_tensor(seed)
-    if seed.dtype != tf.int32:
-        # As Keras does: stateless ops take int32 seeds under XLA.
-        seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
-    return tf.random.stateless_normal(
-        shape, seed=seed, stddev=stddev, dtype=dtype, alg="philox"
+    if not secure_mode:
+        return tf.random.stateless_normal(
+            shape, seed=seed, stddev=stddev, dtype=dtype, alg="philox"
+        )
+    draws = tf.random.experimental.stateless_split(
+        seed, SECURE_MODE_DRAWS, alg="philox"
     )
+    part = stddev / SECURE_MODE_DRAWS ** 0.5
+    total = tf.random.stateless_normal(
+        shape, seed=draws[0], stddev=part, dtype=dtype, alg="philox"
+    )
+    for i in range(1, SECURE_MODE_DRAWS):
+        total += tf.random.stateless_normal(
+            shape, seed=draws[i], stddev=part, dtype=dtype, alg="philox"
+        )
+    return total
 
 
-def add_noise(grads, stddev, seed, share=1.0):
+def add_noise(grads, stddev, seed, share=1.0, secure_mode=False):
     """Adds N(0, stddev^2) noise to every coordinate, once.
 
     Args:
@@ -118,6 +183,7 @@ def add_noise(grads, stddev, seed, share=1.0):
             `[2]` integer seed (split into one independent seed per tensor).
         share: multiplies the noise; under `tf.distribute` it is 1 on one
             replica and 0 on the others, so that the noise is added once.
+        secure_mode: each value the sum of several normals (`gaussian`).
 
     Returns:
         The noised tensors. With `stddev == 0` they are returned unchanged.
@@ -131,14 +197,42 @@ def add_noise(grads, stddev, seed, share=1.0):
         # Never the same seed twice: equal-shaped tensors would get equal
         # noise.
         seeds = tf.unstack(tf.random.experimental.stateless_split(
-            tf.cast(seed, tf.int64), num=len(grads)
+            tf.cast(seed, tf.int64), num=len(grads), alg="philox"
         ))
     return [
         g + ops.cast(share, g.dtype) * gaussian(
-            ops.shape(g), stddev, g.dtype, s
+            ops.shape(g), stddev, g.dtype, s, secure_mode=secure_mode
         )
         for g, s in zip(grads, seeds)
     ]
+
+
+class NoiseSeeds:
+    """The seeds of the DP noise: a key and a count of draws, never saved.
+
+    Each draw's seed is a Philox hash of `(key, draws so far)` paired with
+    the optimizer's step, so no two draws of one process share a seed (not
+    after a recompile that resets the step either), and a run resumed from a
+    checkpoint with an explicit key does not replay the noise of the steps
+    before the checkpoint. The key is `secret_seed()` unless the user gave a
+    seed. The state lives in a variable that the owner keeps out of Keras'
+    and TensorFlow's tracking, so it is not in `model.weights`, a `.keras`
+    file or a checkpoint.
+    """
+
+    def __init__(self, key):
+        self._generator = keras_random.SeedGenerator(
+            key, name="dp_noise_seed"
+        )
+
+    def next(self, step):
+        """A fresh `[2]` int64 seed for the noise of optimizer step `step`."""
+        state = tf.cast(self._generator.next(), tf.int64)
+        mixed = tf.random.stateless_uniform(
+            [], seed=state, minval=None, maxval=None, dtype=tf.int64,
+            alg="philox",
+        )
+        return tf.stack([mixed, tf.cast(step, tf.int64)])
 
 
 def scale(grads, denominator):

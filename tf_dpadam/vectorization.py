@@ -1,0 +1,162 @@
+"""`vectorized_map`: `tf.vectorized_map` without a wrong oneDNN batch matmul.
+
+Every per-example computation of this package (the vectorized path, the
+per-layer fallback of ghost clipping, the mapped per-example loss) runs a
+one-example function (batch axis of size 1) under `tf.vectorized_map`. Its
+vectorizer (pfor) turns a `BatchMatMulV2` of a per-example `[1, M, K]` by a
+shared `[K, P]` weight into one `BatchMatMulV2` of `[N, 1, M, K]` by
+`[1, 1, K, P]`. TensorFlow 2.21's oneDNN kernel (on by default on x86 CPUs)
+computes exactly this broadcast wrongly, or corrupts memory
+("free(): invalid pointer"), while `[N, M, K]` by `[K, P]` and equal batch
+shapes are right:
+
+    tf.matmul(a, b)   # a: [12, 1, 5, 6], b: [6, 4]: max error 6.9 (eager: 3e32)
+
+Keras' `EinsumDense.call` with LoRA (`einsum(x, lora_a) @ lora_b`) is such
+a product, so per-example gradients of a LoRA `EinsumDense` on sequences
+were wrong by 23% to 70% (and whatever else makes that product). The
+converters below never emit a broadcasting batch matmul: a product with a
+shared matrix is one 2-D `MatMul` of the flattened per-example operand (also
+faster), and any other broadcast is made explicit before a 3-D batch matmul
+of equal batch sizes. The change is exact and applies only inside this
+module's `vectorized_map` (TensorFlow's registry is restored afterwards).
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+try:  # TensorFlow internals: the vectorizer's converter registry.
+    from tensorflow.python.ops.parallel_for import pfor as _pfor
+    _REGISTRY = _pfor._pfor_converter_registry
+    _wrap = _pfor.wrap
+except (ImportError, AttributeError):  # pragma: no cover
+    _pfor, _REGISTRY, _wrap = None, None, None
+
+_LOCK = threading.RLock()
+
+
+def _shared_matrix(t):
+    """`t` as a 2-D matrix if all its batch dimensions are statically 1."""
+    rank = t.shape.rank
+    if rank is None or rank < 2:
+        return None
+    if any(d != 1 for d in t.shape[:-2]):
+        return None
+    return tf.reshape(t, tf.shape(t)[-2:])
+
+
+def _expand_after_loop(t, count):
+    """Inserts `count` size-1 axes after the loop axis of a stacked `t`."""
+    for _ in range(count):
+        t = tf.expand_dims(t, 1)
+    return t
+
+
+def _times_shared(stacked, matrix, extra_axes):
+    """`stacked @ matrix` for a stacked `[N, ..., M, K]` and a `[K, P]`."""
+    shape = tf.shape(stacked)
+    flat = tf.reshape(stacked, [-1, shape[-1]])
+    out = tf.matmul(flat, matrix)
+    out = tf.reshape(out, tf.concat([shape[:-1], tf.shape(matrix)[-1:]], 0))
+    return _expand_after_loop(out, extra_axes)
+
+
+def _swap_last(t):
+    rank = t.shape.rank
+    return tf.transpose(t, list(range(rank - 2)) + [rank - 1, rank - 2])
+
+
+def _explicit_broadcast_matmul(x, x_stacked, y, y_stacked, loop_len):
+    """`x @ y` over the loop with every broadcast made explicit."""
+    ranks = [t.shape.rank - (1 if s else 0)
+             for t, s in ((x, x_stacked), (y, y_stacked))]
+    rank = max(ranks)
+    aligned = []
+    for t, stacked, r in ((x, x_stacked, ranks[0]), (y, y_stacked, ranks[1])):
+        if stacked:
+            t = _expand_after_loop(t, rank - r)
+        else:
+            t = tf.reshape(t, tf.concat(
+                [tf.ones([1 + rank - r], tf.int32), tf.shape(t)], 0
+            ))
+        aligned.append(t)
+    x, y = aligned
+    batch = tf.broadcast_dynamic_shape(tf.shape(x)[:-2], tf.shape(y)[:-2])
+    batch = tf.concat([tf.reshape(loop_len, [1]), batch[1:]], 0)
+    x = tf.broadcast_to(x, tf.concat([batch, tf.shape(x)[-2:]], 0))
+    y = tf.broadcast_to(y, tf.concat([batch, tf.shape(y)[-2:]], 0))
+    m, k = tf.shape(x)[-2], tf.shape(x)[-1]
+    p = tf.shape(y)[-1]
+    out = tf.matmul(tf.reshape(x, [-1, m, k]), tf.reshape(y, [-1, k, p]))
+    return tf.reshape(out, tf.concat([batch, [m, p]], 0))
+
+
+def _convert_batch_matmul(pfor_input):
+    """Converter of `BatchMatMulV2` for the vectorizer."""
+    x, x_stacked, _ = pfor_input.input(0)
+    y, y_stacked, _ = pfor_input.input(1)
+    if x.shape.rank is None or y.shape.rank is None:
+        raise ValueError(
+            "tf_dpadam cannot vectorize a batch matmul of unknown rank"
+            " exactly (TensorFlow 2.21's oneDNN kernel is wrong for some"
+            " broadcasts); give the layer inputs of known rank."
+        )
+    if pfor_input.get_attr("adj_x"):
+        x = tf.linalg.adjoint(x)
+    if pfor_input.get_attr("adj_y"):
+        y = tf.linalg.adjoint(y)
+    rank_x = x.shape.rank - (1 if x_stacked else 0)
+    rank_y = y.shape.rank - (1 if y_stacked else 0)
+    if x_stacked and not y_stacked:
+        matrix = _shared_matrix(y)
+        if matrix is not None:
+            return _wrap(_times_shared(x, matrix, max(0, rank_y - rank_x)),
+                         True)
+    if y_stacked and not x_stacked:
+        matrix = _shared_matrix(x)
+        if matrix is not None:
+            # x @ y = (y^T @ x^T)^T.
+            out = _times_shared(_swap_last(y), tf.transpose(matrix),
+                                max(0, rank_x - rank_y))
+            return _wrap(_swap_last(out), True)
+    out = _explicit_broadcast_matmul(
+        x, x_stacked, y, y_stacked, pfor_input.pfor.loop_len_vector
+    )
+    return _wrap(out, True)
+
+
+# TensorFlow's converter of the older `BatchMatMul` (no broadcasting) already
+# stacks both operands to equal batch sizes.
+_CONVERTERS = {"BatchMatMulV2": _convert_batch_matmul}
+
+
+@contextlib.contextmanager
+def exact_converters():
+    """Installs this module's converters in the vectorizer, then restores."""
+    if _REGISTRY is None:  # pragma: no cover
+        yield
+        return
+    with _LOCK:
+        saved = {name: _REGISTRY.get(name) for name in _CONVERTERS}
+        _REGISTRY.update(_CONVERTERS)
+        try:
+            yield
+        finally:
+            for name, converter in saved.items():
+                if converter is None:
+                    _REGISTRY.pop(name, None)
+                else:
+                    _REGISTRY[name] = converter
+
+
+def vectorized_map(fn, elems):
+    """`tf.vectorized_map(fn, elems, fallback_to_while_loop=True)`, exact.
+
+    The same as TensorFlow's, with batch matrix products vectorized without
+    the broadcasts that TensorFlow 2.21's oneDNN kernel gets wrong (see the
+    module docstring).
+    """
+    with exact_converters():
+        return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
