@@ -45,12 +45,13 @@ FLAGS = flags.FLAGS
 # (configuration, variant) pairs; "nonprivate" is the reference of its
 # configuration. cnn_accum is compared with cnn's nonprivate step.
 # "dpadam_corrected" uses make_private's default (ghost clipping where the
-# model allows it); "+vectorized" forces the vectorized per-example path.
-# (The text model's vectorized path is left out: under oneDNN, TensorFlow
-# 2.21 crashes in the vectorized attention matmuls; see README.)
+# model allows it); "+vectorized" forces the vectorized per-example path;
+# "+secure" is make_private(secure_mode=True) (each noise value a sum of
+# several normals).
 _VARIANTS = {
-    "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+vectorized"],
-    "text": ["nonprivate", "dpadam_corrected"],
+    "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
+            "dpadam_corrected+vectorized"],
+    "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure"],
     "cnn_accum": ["dpadam_corrected"],
 }
 
@@ -135,8 +136,9 @@ def _child(spec):
     if variant == "nonprivate":
         optimizer = keras.optimizers.Adam(1e-3)
     else:
-        clipping = "vectorized" if variant.endswith("+vectorized") else "auto"
-        model = tf_dpadam.make_private(model, seed=0, clipping=clipping)
+        clipping = "vectorized" if "+vectorized" in variant else "auto"
+        model = tf_dpadam.make_private(model, clipping=clipping,
+                                       secure_mode="+secure" in variant)
         optimizer = tf_dpadam.DPAdamCorrected(
             l2_norm_clip=1.0, noise_multiplier=1.0,
             batch_size=physical * accumulation,

@@ -360,8 +360,8 @@ class SerializationTest(parameterized.TestCase):
 
     @parameterized.named_parameters((o, o) for o in _OPTIMIZERS)
     def test_save_mid_training_and_resume(self, optimizer):
-        # Noise off so that the continued runs must agree exactly; the noise
-        # generator's state is saved too (checked below).
+        # Noise off so that the continued runs must agree exactly (the noise
+        # seed is never saved: tests/noise_secrecy_test.py).
         def build():
             model = tf_dpadam.make_private(_functional(seed=5), seed=7)
             model.compile(
@@ -388,10 +388,6 @@ class SerializationTest(parameterized.TestCase):
         )
         for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
             np.testing.assert_array_equal(np.array(a), np.array(b))
-        np.testing.assert_array_equal(
-            np.array(model.noise_seed_generator.state),
-            np.array(loaded.noise_seed_generator.state),
-        )
 
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)

@@ -103,12 +103,22 @@ class PrivateModel(keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
     def __init__(self, base_model, seed=None, clipping="auto",
-                 diagnostics=False, **kwargs):
+                 diagnostics=False, secure_mode=False, **kwargs):
         super().__init__(**kwargs)
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
                 f"Expected clipping={clipping!r} to be one of"
                 f" {CLIPPING_METHODS}."
+            )
+        if not isinstance(secure_mode, bool):
+            raise ValueError(
+                f"Expected secure_mode={secure_mode!r} to be True or False."
+            )
+        if secure_mode and seed is not None:
+            raise ValueError(
+                f"make_private(secure_mode=True) draws the noise seed from the"
+                f" operating system's entropy; expected seed=None, got"
+                f" seed={seed!r}."
             )
         if not isinstance(diagnostics, bool):
             raise ValueError(
@@ -124,7 +134,13 @@ class PrivateModel(keras.Model):
             raise ValueError("Expected base_model not to be private already.")
         check_no_example_mixing(base_model)
         self.base_model = base_model
+        # The noise key: secret unless `seed` is given (a warning says so).
+        key = privatizer.resolve_seed(
+            seed, what="make_private", drawn="every noise vector",
+            effect="the DP noise",
+        )
         self.seed = seed
+        self.secure_mode = secure_mode
         self.clipping = clipping
         self.diagnostics = diagnostics
         self._clean_gradients = _Untracked(None)
@@ -132,9 +148,9 @@ class PrivateModel(keras.Model):
         # was not ("auto" only): set at trace time, for users and tests.
         self.clipping_used = None
         self.ghost_unsupported_reason = None
-        self.noise_seed_generator = keras.random.SeedGenerator(
-            seed, name="dp_noise_seed"
-        )
+        # Out of sight of tracking: never in `weights`, a saved model or a
+        # checkpoint; a loaded or resumed model draws a fresh key.
+        self._noise_seeds = _Untracked(privatizer.NoiseSeeds(key))
         if base_model.built:
             self.built = True
 
@@ -334,8 +350,9 @@ class PrivateModel(keras.Model):
         noised = privatizer.add_noise(
             summed,
             config.noise_stddev,
-            self.noise_seed_generator,
+            self._noise_seeds.value.next(optimizer.iterations),
             share=privatizer.first_replica_share(),
+            secure_mode=self.secure_mode,
         )
         private_grads = privatizer.scale(noised, denominator)
         optimizer.apply_private(private_grads, variables, denominator)
@@ -434,6 +451,7 @@ class PrivateModel(keras.Model):
             "seed": self.seed,
             "clipping": self.clipping,
             "diagnostics": self.diagnostics,
+            "secure_mode": self.secure_mode,
             "base_model": keras.saving.serialize_keras_object(self.base_model),
         }
 
@@ -446,7 +464,8 @@ class PrivateModel(keras.Model):
         return cls(base_model, **config)
 
 
-def make_private(model, *, seed=None, clipping="auto", diagnostics=False):
+def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
+                 secure_mode=False):
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -462,8 +481,13 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False):
         model: any Keras 3 model (Sequential, functional or subclassed). It
             must not contain a trainable layer that mixes examples in training
             (BatchNormalization).
-        seed: optional int seeding the noise generator (its state is saved
-            with the model). `None` draws a random seed.
+        seed: None (default): the noise is seeded from the operating
+            system's entropy (`secrets`), independent of
+            `keras.utils.set_random_seed` and every other global seed; a
+            loaded or resumed model draws a fresh seed. An int makes the
+            noise reproducible, for research only: anyone who knows it can
+            regenerate and remove the noise (a warning says so). Either way
+            no noise state is saved with the model.
         clipping: how the sum of clipped per-example gradients is computed.
             "auto" (default): ghost clipping (`tf_dpadam.ghost_clipping`:
             per-example norms and the clipped sum from one batched forward
@@ -481,6 +505,11 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False):
             weights follow the same trajectory (same noise) as without it,
             but the clean gradients and all that is computed from them leak
             private information; a warning says so.
+        secure_mode: False (default) or True: each noise value is the sum of
+            `privatizer.SECURE_MODE_DRAWS` normals (the same variance),
+            against floating-point attacks on the Gaussian sampler (Holohan
+            & Braghin 2021; as Opacus' `secure_mode`); needs `seed=None`.
+            See the README for what it does and does not protect against.
 
     Returns:
         A `PrivateModel`.
@@ -490,5 +519,5 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False):
     """
     return PrivateModel(
         model, seed=seed, clipping=clipping, diagnostics=diagnostics,
-        name=f"private_{model.name}",
+        secure_mode=secure_mode, name=f"private_{model.name}",
     )
