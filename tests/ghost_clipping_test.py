@@ -497,6 +497,34 @@ class FallbackTest(_LockstepMixin, parameterized.TestCase):
         x, y = _normal((_B, 5, 3)), _normal((_B, 2), seed=1)
         self.assert_lockstep(model, x, y)
 
+    def test_subclass_with_weights_the_rule_does_not_know(self):
+
+        class WeightNormDense(keras.layers.Dense):
+            """Dense whose kernel is g * v / ||v||: `call` is Dense's own."""
+
+            def build(self, input_shape):
+                super().build(input_shape)
+                self._kernel.trainable = False
+                self.v = self.add_weight(shape=self._kernel.shape,
+                                         initializer="random_normal")
+                self.g = self.add_weight(shape=(self.units,),
+                                         initializer="ones")
+
+            @property
+            def kernel(self):
+                return self.g * self.v / ops.norm(self.v, axis=0)
+
+        keras.utils.set_random_seed(0)
+        model = _sequential(
+            (4,), WeightNormDense(3, activation="tanh", name="normed"),
+            keras.layers.Dense(2, name="out"),
+        )
+        # The Dense rule would take the kernel for a variable and drop the
+        # gradients of v and g.
+        self.assert_kinds(model, normed="fallback", out="ghost")
+        x, y = _normal((_B, 4)), _normal((_B, 2), seed=1)
+        self.assert_lockstep(model, x, y)
+
     def test_fallback_units_under_xla(self):
         # (Keras' LSTM loop does not compile with XLA inside a vectorized map,
         # in the vectorized path either.)

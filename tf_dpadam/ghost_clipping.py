@@ -351,6 +351,8 @@ def _stopped(variable):
 
 class _DenseHandler(_Handler):
 
+    weight_names = ("kernel", "bias")
+
     def _product(self, a, kernel):
         """The layer's `a W` (before bias and activation)."""
         return ops.matmul(a, kernel)
@@ -580,6 +582,8 @@ def _image_patches(x, sizes, strides, rates, padding):
 class _ConvHandler(_Handler):
     """`Conv1D` / `Conv2D`: a Dense on image patches."""
 
+    weight_names = ("kernel", "bias")
+
     def intercept(self, session, original, *args, **kwargs):
         layer = self.layer
         x = _first_input(args, kwargs)
@@ -762,6 +766,8 @@ def _example_size(t):
 
 class _EmbeddingHandler(_Handler):
 
+    weight_names = ("embeddings",)
+
     def intercept(self, session, original, *args, **kwargs):
         layer = self.layer
         ids = _first_input(args, kwargs)
@@ -793,6 +799,8 @@ class _EmbeddingHandler(_Handler):
 
 
 class _LayerNormalizationHandler(_Handler):
+
+    weight_names = ("gamma", "beta")
 
     def intercept(self, session, original, *args, **kwargs):
         layer = self.layer
@@ -1027,8 +1035,13 @@ class _Plan:
             cls, reason = _ghost_handler_class(layer)
             if cls is not None:
                 sub = [v for v in variables if id(v) not in {id(w) for w in own}]
+                known = {id(getattr(layer, n, None)) for n in cls.weight_names}
                 if sub:
                     reason = "sublayers with trainable weights"
+                elif any(id(v) not in known for v in own):
+                    # E.g. a subclass with weights of its own, or a kernel
+                    # computed from other weights: the fallback is exact.
+                    reason = "weights that its ghost rule does not know"
                 else:
                     handler = cls(layer, own)
                     self.handlers.append(handler)
@@ -1256,7 +1269,17 @@ def clipped_sum(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
         ]
         if not handler.records:
             continue
-        for key, value in handler.blocks(session, grads).items():
+        produced = handler.blocks(session, grads)
+        missing = [v.path for v in handler.variables
+                   if id(v) not in produced]
+        if handler.kind == "ghost" and missing:
+            # E.g. a subclass whose kernel is computed from other weights:
+            # the rule would drop their gradients, not compute them.
+            raise GhostClippingUnsupportedError(
+                f"layer {handler.layer.name!r} has trainable weights"
+                f" {missing} that its ghost rule does not know"
+            )
+        for key, value in produced.items():
             blocks.setdefault(key, []).extend(value)
 
     regularization, reg_grads = _regularization(model)
