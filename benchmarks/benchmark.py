@@ -38,6 +38,9 @@ flags.DEFINE_list("configs", ["cnn", "text", "cnn_accum"], "Configurations.")
 flags.DEFINE_list("jit", ["false", "true"], "XLA settings to measure.")
 flags.DEFINE_integer("steps", 20, "Timed steps after warm-up.")
 flags.DEFINE_integer("warmup", 3, "Untimed steps first.")
+flags.DEFINE_list("variants", None,
+                  "Only these variants (e.g. nonprivate,dpadam_corrected+secure);"
+                  " default: all of each configuration.")
 flags.DEFINE_string("output", None, "Also write the results as JSON here.")
 flags.DEFINE_string("child", None, "Internal: run one variant, as JSON.")
 FLAGS = flags.FLAGS
@@ -248,7 +251,8 @@ def main(argv):
         return
     results = []
     for config in FLAGS.configs:
-        needed = list(_VARIANTS[config])
+        needed = [v for v in _VARIANTS[config]
+                  if FLAGS.variants is None or v in FLAGS.variants]
         if config == "cnn_accum" and "cnn" not in FLAGS.configs:
             needed = ["nonprivate@cnn"] + needed
         for jit in (j.lower() == "true" for j in FLAGS.jit):
@@ -265,13 +269,15 @@ def main(argv):
                       " tensors", flush=True)
     rows = _ratios(results)
     print("\nDP-AdamCorrected / non-private Adam (same machine, same run):")
-    print(f"{'config':10s} {'clipping':11s} {'jit':5s} {'time x':>7s}"
+    print(f"{'config':10s} {'variant':27s} {'clipping':11s} {'jit':5s}"
+          f" {'time x':>7s}"
           f" {'RSS x':>7s} {'tensors x':>10s}")
     for row in rows:
         note = " (per physical batch of 256; memory vs non-private b=256)" \
             if row["config"] == "cnn_accum" else ""
         tensors = row["tensor_memory_ratio"]
-        print(f"{row['config']:10s} {row['clipping']:11s}"
+        print(f"{row['config']:10s} {row['variant']:27s}"
+              f" {row['clipping']:11s}"
               f" {str(row['jit']):5s}"
               f" {row['time_ratio']:7.2f} {row['memory_ratio']:7.2f}"
               f" {'n/a' if tensors is None else f'{tensors:.2f}':>10s}{note}")

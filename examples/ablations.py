@@ -7,7 +7,9 @@
 Tang & Lecuyer ablate three choices of DP-AdamBC (Algorithm 1,
 theta <- theta - eta * m_hat / sqrt(max(v_hat - Phi', gamma'))). Each
 ablation sweeps one hyperparameter with everything else fixed, one run
-(`examples.train_image`) per setting at `--seed`:
+(`examples.train_image`) per setting at `--seed`, which also keys the DP
+noise and the Poisson sampling (`reproduce.run_config`: reproducible research
+runs on public data, not private ones):
 
 1. `phi`: the subtracted Phi' = m * Phi for m in `--phi_multiples`
    (default 0.1, 1, 10), Phi = (sigma C / B)^2 the true noise variance.
@@ -91,7 +93,9 @@ def define_flags():
                       "finished run).")
     flags.DEFINE_integer("max_examples", None,
                          "Use only the first this many training examples.")
-    flags.DEFINE_integer("seed", 0, "Seed of every ablation run.")
+    flags.DEFINE_integer("seed", 0,
+                         "Seed of every ablation run (model, data order, "
+                         "DP noise and sampling: reproducible, not private).")
     flags.DEFINE_list("spread_seeds", [],
                       "Extra seeds of the reference DP-AdamBC run, to "
                       "measure the seed-to-seed spread.")

@@ -78,7 +78,15 @@ def define_flags():
                          "Use only this many training examples (subset).")
     flags.DEFINE_string("model_dir", None,
                         "Checkpoints and metrics.json; a rerun resumes.")
-    flags.DEFINE_integer("seed", 0, "Seed of the model, sampling and noise.")
+    flags.DEFINE_integer("seed", 0,
+                         "Seed of the model's initialization and the data "
+                         "order (e.g. --max_examples subsets); not of the DP "
+                         "noise or the Poisson sampling (--noise_seed).")
+    flags.DEFINE_integer("noise_seed", None,
+                         "Seed of the DP noise and Poisson sampling, for "
+                         "reproducible research only: anyone who knows it "
+                         "can remove the noise. Default: drawn from the OS "
+                         "entropy (secret).")
     flags.DEFINE_bool("jit_compile", False,
                       "XLA (slower than graphs on CPU, faster on GPU/TPU).")
 
@@ -105,6 +113,9 @@ class TrainConfig:
     model_dir: str | None
     seed: int
     jit_compile: bool
+    # The key of the DP noise and the Poisson sampling; None: a secret one,
+    # drawn from the OS entropy at every run (and at every resume).
+    noise_seed: int | None = None
 
 
 def config_from_flags(task, flag_values=None):
@@ -147,6 +158,7 @@ def config_from_flags(task, flag_values=None):
         model_dir=f.model_dir,
         seed=f.seed,
         jit_compile=f.jit_compile,
+        noise_seed=f.noise_seed,
     )
 
 
@@ -192,7 +204,7 @@ def poisson_plan(config, train):
         expected_batch_size=config.batch_size,
         physical_batch_size=config.physical_batch_size,
         steps_per_epoch=config.eval_every,
-        seed=config.seed,
+        seed=config.noise_seed,
         # Graphs take each batch at about its size (0.7x the step time of
         # static padding on Fashion-MNIST); XLA compiles once per shape, so
         # it gets the static padded batches.
@@ -268,7 +280,7 @@ def fit_private(model_fn, train, test, config, loss, num_classes=None,
         if os.path.exists(checkpoint):
             model = keras.models.load_model(checkpoint)
     if model is None:
-        model = tf_dpadam.make_private(model_fn(), seed=config.seed)
+        model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed)
         compile_private(model, config, loss, k)
     done = int(model.optimizer.iterations.numpy())
     budget = tf_dpadam.PrivacyBudget(

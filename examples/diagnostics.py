@@ -83,7 +83,7 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
     keras.utils.set_random_seed(config.seed)
     num_examples, steps, batches = common.poisson_plan(config, train)
     k = batches.accumulation_steps
-    model = tf_dpadam.make_private(model_fn(), seed=config.seed,
+    model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
                                    diagnostics=True)
     common.compile_private(
         model, config,
@@ -243,6 +243,8 @@ def write_report(path, dataset, config, results, snapshots, command):
     ]
     sections = diagnostics.render_report(snapshots, directory, prefix)
     steps_text = ", ".join(str(s.step) for s in snapshots)
+    noise_seed_text = ("secret" if config.noise_seed is None
+                       else config.noise_seed)
     if config.optimizer == "dpadam":
         gamma_text = "what DP-AdamBC would use; DP-Adam subtracts nothing"
     elif config.epsilon is None:
@@ -272,7 +274,8 @@ Written by `examples/diagnostics.py`: `{command}`
   (Poisson sampling, padded to {results['capacity']}),
   lr = {config.learning_rate:g}, β = ({config.beta_1:g}, {config.beta_2:g}),
   Φ = (σC/B)² = {phi:.3g},
-  γ' = {gamma:.3g} ({gamma_text}); seed {config.seed}.
+  γ' = {gamma:.3g} ({gamma_text}); seed {config.seed}, noise and
+  sampling seed {noise_seed_text}.
 - Result: {results['steps']} steps, test accuracy
   {100 * results['test_accuracy']:.2f}%; the weights are
   (ε = {results['epsilon']:.3f}, δ = {config.delta:g})-DP.

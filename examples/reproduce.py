@@ -20,6 +20,9 @@ Every run lives in `<runs_dir>/<name>` (the `model_dir` of
 `examples.common.fit_private`): a finished run is read back instead of being
 retrained, an interrupted one resumes from its checkpoint. A run folder made
 with other hyperparameters or other data is refused rather than mixed in.
+Each run's seed keys its model, data order, DP noise and Poisson sampling
+(`run_config`), so that a run is reproducible; anyone who knows the seed can
+remove the noise, which is fine for this comparison on public data only.
 
 C, sigma and B default to `examples.common.PAPER_DEFAULTS` for the dataset.
 For SST-2 that is the paper's SNLI setting (sigma = 0.4, B = 256), which on
@@ -119,7 +122,9 @@ def define_flags():
                       "sst2: compute the frozen BERT part once and train the "
                       "top on its outputs (see examples.train_text).")
     flags.DEFINE_list("seeds", ["0", "1", "2"],
-                      "Seeds of the final runs; tuning uses the first.")
+                      "Seeds of the final runs; tuning uses the first. A "
+                      "run's seed also keys its DP noise and sampling "
+                      "(reproducible, so not private).")
     flags.DEFINE_list("learning_rates_dpsgd", None,
                       "DP-SGD's grid (default: 0.1,1,10).")
     flags.DEFINE_list("learning_rates_dpadam", None,
@@ -297,11 +302,18 @@ def run_name(setting, seed):
 
 
 def run_config(base, setting, seed, model_dir):
-    """The `TrainConfig` of one run."""
+    """The `TrainConfig` of one run.
+
+    The run's seed also keys its DP noise and Poisson sampling
+    (`noise_seed=seed`), unlike the binaries' secret default: these are
+    research reruns on public data, compared across seeds, and each must be
+    reproducible (anyone who knows the seed can remove the noise, so their
+    models are not private).
+    """
     return dataclasses.replace(
         base, optimizer=setting.optimizer,
         learning_rate=setting.learning_rate, epsilon=setting.gamma, seed=seed,
-        model_dir=model_dir,
+        noise_seed=seed, model_dir=model_dir,
     )
 
 
@@ -478,6 +490,9 @@ def check_run_dir(model_dir, config, data):
         if "config" in source and source["config"] is not None:
             saved = dict(source["config"])
             saved.pop("model_dir", None)
+            # Runs from before --noise_seed keyed their noise and sampling
+            # with the seed.
+            saved.setdefault("noise_seed", saved.get("seed"))
             if saved != _comparable(config):
                 diff = sorted(k for k in saved
                               if saved.get(k) != _comparable(config).get(k))

@@ -1,5 +1,6 @@
 """Every example binary runs a few DP steps on tiny or mock data."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,9 +15,12 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 
+import tf_dpadam
 from examples import common
 from examples import datasets
+from examples import diagnostics
 from examples import models
+from examples import reproduce
 from examples import train_image
 from examples import train_text
 
@@ -215,6 +219,88 @@ class TextBinaryTest(absltest.TestCase):
         self.assertEqual(results["steps"], 2)
 
 
+def _tiny_data(n=64):
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n, 3)).astype("float32"),
+            rng.integers(0, 2, size=n))
+
+
+def _tiny_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+class NoiseSeedTest(absltest.TestCase):
+    """--seed sets the model and data order; --noise_seed the noise and batches."""
+
+    def fit(self, noise_seed):
+        """The weights after 2 steps at seed 0, and the seeds the library got."""
+        data = _tiny_data()
+        trained = []
+        with mock.patch.object(
+                tf_dpadam.data, "poisson_batches",
+                wraps=tf_dpadam.data.poisson_batches) as sampling, \
+                mock.patch.object(tf_dpadam, "make_private",
+                                  wraps=tf_dpadam.make_private) as private:
+            common.fit_private(
+                _tiny_model, data, data,
+                _config(epochs=2 * 16 / 64, noise_seed=noise_seed),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                on_trained=lambda model: trained.append(model.get_weights()))
+        return (trained[0], sampling.call_args.kwargs["seed"],
+                private.call_args.kwargs["seed"])
+
+    def test_default_noise_and_sampling_are_secret(self):
+        first, sampling_seed, noise_seed = self.fit(None)
+        self.assertIsNone(sampling_seed)
+        self.assertIsNone(noise_seed)
+        # Same --seed (model and data), other noise and batches.
+        second = self.fit(None)[0]
+        self.assertFalse(all(np.array_equal(a, b)
+                             for a, b in zip(first, second)))
+
+    def test_noise_seed_makes_a_run_reproducible(self):
+        runs = []
+        for _ in range(2):
+            with self.assertWarnsRegex(UserWarning, "explicit seed=5"):
+                runs.append(self.fit(5))
+        self.assertEqual(runs[0][1:], (5, 5))
+        for a, b in zip(runs[0][0], runs[1][0]):
+            np.testing.assert_array_equal(a, b)
+
+    def test_diagnostics_key_noise_and_sampling_with_noise_seed(self):
+        data = _tiny_data()
+        config = _config(optimizer="dpadam", epsilon=1e-8,
+                         epochs=1 * 16 / 64, seed=0, noise_seed=4)
+        with mock.patch.object(
+                tf_dpadam.data, "poisson_batches",
+                wraps=tf_dpadam.data.poisson_batches) as sampling, \
+                mock.patch.object(tf_dpadam, "make_private",
+                                  wraps=tf_dpadam.make_private) as private, \
+                self.assertWarnsRegex(UserWarning, "explicit seed=4"):
+            diagnostics.train_with_diagnostics(_tiny_model, data, data,
+                                               config, report_steps=())
+        self.assertEqual(sampling.call_args.kwargs["seed"], 4)
+        self.assertEqual(private.call_args.kwargs["seed"], 4)
+
+    def test_research_reruns_key_noise_with_their_seed(self):
+        base = reproduce.base_config("fashion_mnist")
+        setting = reproduce.Setting("dpadam_corrected", 1e-3, None)
+        model_dir = tempfile.mkdtemp()
+        config = reproduce.run_config(base, setting, 3, model_dir)
+        self.assertEqual((config.seed, config.noise_seed), (3, 3))
+        # A run dir from before --noise_seed (its config has no noise_seed;
+        # its seed keyed the noise) is the same run; another seed is not.
+        saved = dataclasses.asdict(config)
+        del saved["noise_seed"]
+        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+            json.dump({"config": saved}, f)
+        reproduce.check_run_dir(model_dir, config, data=None)
+        other = dataclasses.replace(config, noise_seed=4)
+        with self.assertRaisesRegex(ValueError, "noise_seed"):
+            reproduce.check_run_dir(model_dir, other, data=None)
+
+
 class DefaultsTest(absltest.TestCase):
 
     def setUp(self):
@@ -238,6 +324,17 @@ class DefaultsTest(absltest.TestCase):
         with flagsaver.flagsaver(optimizer="dpadam_corrected", epsilon="none"):
             config = common.config_from_flags("cifar10")
         self.assertIsNone(config.epsilon)
+
+    def test_noise_seed_is_secret_unless_given(self):
+        with flagsaver.flagsaver(seed=3):
+            config = common.config_from_flags("cifar10")
+        self.assertEqual((config.seed, config.noise_seed), (3, None))
+        with flagsaver.flagsaver(seed=3, noise_seed=5):
+            config = common.config_from_flags("cifar10")
+        self.assertEqual((config.seed, config.noise_seed), (3, 5))
+        self.assertIn("not of the DP noise", flags.FLAGS["seed"].help)
+        self.assertIn("anyone who knows it can remove the noise",
+                      flags.FLAGS["noise_seed"].help)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import math
 import os
+import random
 import tempfile
 
 import keras
@@ -9,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
+from scipy import stats
 
 import tf_dpadam
 from tf_dpadam import data as dp_data
@@ -45,6 +47,35 @@ def _optimizer(name, **kwargs):
 
 def _weights(model):
     return [np.array(w) for w in model.weights]
+
+
+def _seed_everything(seed):
+    """What scripts do: every global seed there is."""
+    keras.utils.set_random_seed(seed)
+    tf.random.set_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _seeded_batches(test, data, **kwargs):
+    """`poisson_batches` with an explicit seed, which must warn."""
+    with test.assertWarnsRegex(
+            UserWarning, r"poisson_batches uses the explicit seed=\d+: anyone"
+            " who knows it can regenerate every batch"):
+        return dp_data.poisson_batches(data, **kwargs)
+
+
+def _sampled(dataset):
+    """The sorted indices of the examples of each step (k = 1), as tuples.
+
+    The labels of `_indexed_data` are the examples' indices.
+    """
+    return [tuple(sorted(by.numpy()[bw.numpy() > 0]))
+            for _, by, bw in dataset]
+
+
+def _indexed_data(n):
+    return np.zeros((n, 1), "float32"), np.arange(n)
 
 
 def _zero_gradient_model(units):
@@ -150,9 +181,10 @@ class PoissonBatchesTest(parameterized.TestCase):
         n, b = 400, 40
         x = np.arange(n, dtype="float32")[:, None] + 1.0
         y = np.arange(n)
-        batches = dp_data.poisson_batches(
-            (x, y), expected_batch_size=b, physical_batch_size=16, seed=0,
-            pad_to_multiple_of=multiple,
+        # A fixed seed keeps the reachability check below deterministic.
+        batches = _seeded_batches(
+            self, (x, y), expected_batch_size=b, physical_batch_size=16,
+            seed=0, pad_to_multiple_of=multiple,
         )
         k = batches.accumulation_steps
         self.assertEqual(batches.capacity % 16, 0)
@@ -213,7 +245,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         x, y = _data(n, seed=4)
         batches = dp_data.poisson_batches(
             (x, y), expected_batch_size=12, physical_batch_size=8,
-            steps_per_epoch=3, seed=5,
+            steps_per_epoch=3,
         )
         k = batches.accumulation_steps
         steps = list(batches.dataset)
@@ -267,10 +299,8 @@ class PoissonBatchesTest(parameterized.TestCase):
         x, y = _data(90, seed=8)
         rows, weights = {}, {}
         for pad in (True, False):
-            # The draws depend on TensorFlow's global seed too.
-            keras.utils.set_random_seed(14)
-            batches = dp_data.poisson_batches(
-                (x, y), expected_batch_size=20, physical_batch_size=16,
+            batches = _seeded_batches(
+                self, (x, y), expected_batch_size=20, physical_batch_size=16,
                 steps_per_epoch=4, seed=9,
                 pad_to_multiple_of=None if pad else 1,
             )
@@ -294,8 +324,9 @@ class PoissonBatchesTest(parameterized.TestCase):
     def test_dynamic_batches_survive_an_empty_step(self):
         # q = 1 / 200: a step samples nobody with probability 0.37.
         x, y = _data(200, seed=11)
-        batches = dp_data.poisson_batches(
-            (x, y), expected_batch_size=1, steps_per_epoch=12, seed=12,
+        # A fixed seed: 12 steps have no empty one with probability 0.4%.
+        batches = _seeded_batches(
+            self, (x, y), expected_batch_size=1, steps_per_epoch=12, seed=12,
             pad_to_multiple_of=1,
         )
         steps = list(batches.dataset)
@@ -319,9 +350,11 @@ class PoissonBatchesTest(parameterized.TestCase):
         x, y = _data(200)
         batches = dp_data.poisson_batches(
             (x, y), expected_batch_size=100, physical_batch_size=100,
-            max_overflow_probability=0.6, steps_per_epoch=50, seed=7,
+            max_overflow_probability=0.6, steps_per_epoch=50,
         )
-        self.assertEqual(batches.capacity, 100)  # P(> B) is about 0.47
+        # P(> B) is about 0.47 per step: 50 steps stay within the capacity
+        # with probability 0.53^50 = 1.6e-14.
+        self.assertEqual(batches.capacity, 100)
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
                                     "exceeded the capacity"):
             for _ in batches.dataset:
@@ -344,11 +377,90 @@ class PoissonBatchesTest(parameterized.TestCase):
          "max_overflow_probability"),
         ("multiple_zero", {"expected_batch_size": 4, "pad_to_multiple_of": 0},
          "pad_to_multiple_of"),
+        ("seed_negative", {"expected_batch_size": 4, "seed": -1}, "seed=-1"),
+        ("seed_float", {"expected_batch_size": 4, "seed": 1.5},
+         r"seed=1\.5"),
+        ("seed_string", {"expected_batch_size": 4, "seed": "a"}, "seed='a'"),
+        ("seed_bool", {"expected_batch_size": 4, "seed": True}, "seed=True"),
+        ("seed_too_big", {"expected_batch_size": 4, "seed": 2**63},
+         f"seed={2**63}"),
     )
     def test_bad_arguments(self, kwargs, name):
         x, y = _data(10)
         with self.assertRaisesRegex(ValueError, name):
             dp_data.poisson_batches((x, y), **kwargs)
+
+
+class SamplingSeedTest(absltest.TestCase):
+    """The sampling is secret by default and reproducible only on request."""
+
+    def test_global_seeds_do_not_fix_the_default_sampling(self):
+        x, y = _indexed_data(200)
+        runs = []
+        for _ in range(2):
+            _seed_everything(0)
+            batches = dp_data.poisson_batches(
+                (x, y), expected_batch_size=20, steps_per_epoch=3)
+            self.assertEqual(batches.accumulation_steps, 1)
+            runs.append(_sampled(batches.dataset))
+        # Two independent Bernoulli(0.1) masks over 200 examples coincide
+        # with probability (0.1^2 + 0.9^2)^200 = 6e-18.
+        for first, second in zip(*runs):
+            self.assertNotEqual(first, second)
+
+    def test_an_explicit_seed_alone_fixes_the_batches(self):
+        x, y = _indexed_data(200)
+        runs = []
+        for global_seed in (0, 1):
+            # Other global seeds, same explicit seed: the same batches.
+            _seed_everything(global_seed)
+            batches = _seeded_batches(self, (x, y), expected_batch_size=20,
+                                      steps_per_epoch=3, seed=7)
+            passes = [_sampled(batches.dataset) for _ in range(2)]
+            passes.append(_sampled(batches.dataset.repeat(2)))
+            runs.append(passes)
+        self.assertEqual(runs[0], runs[1])
+        # Every pass draws new batches, also through repeat().
+        first, second, repeated = runs[0]
+        self.assertNotEqual(first, second)
+        self.assertNotEqual(repeated[:3], repeated[3:])
+        self.assertNotIn(first, (repeated[:3], repeated[3:]))
+        # Another seed, other batches.
+        other = _seeded_batches(self, (x, y), expected_batch_size=20,
+                                steps_per_epoch=3, seed=8)
+        self.assertNotEqual(_sampled(other.dataset), first)
+
+    def test_default_sampling_is_bernoulli_q_per_example_and_step(self):
+        n, b, steps = 200, 20, 200
+        x, y = _indexed_data(n)
+        _seed_everything(0)
+        batches = dp_data.poisson_batches(
+            (x, y), expected_batch_size=b, steps_per_epoch=steps)
+        q = batches.sampling_rate
+        counts = np.zeros(n)
+        sizes = []
+        for step in _sampled(batches.dataset):
+            counts[list(step)] += 1
+            sizes.append(len(step))
+        # Each example's count is Binomial(200, 0.1) (mean 20, sd 4.24):
+        # P(< 2) = 1.6e-8 and P(> 47) = 8.1e-9, so all 200 counts are in
+        # [2, 47] with probability 1 - 5e-6; an example never drawn, or
+        # drawn at every other step, falls outside.
+        low, high = 2, 47
+        self.assertLess(stats.binom.cdf(low - 1, steps, q)
+                        + stats.binom.sf(high, steps, q), 2.5e-8)
+        self.assertBetween(counts.min(), low, high)
+        self.assertBetween(counts.max(), low, high)
+        # The batch size is Binomial(200, 0.1): mean 20, 200 steps give a
+        # standard error of sqrt(18 / 200) = 0.3; 4 standard errors.
+        standard_error = math.sqrt(n * q * (1 - q) / steps)
+        self.assertLess(abs(np.mean(sizes) - n * q), 4 * standard_error)
+        # Neither over- nor under-dispersed across examples (independent
+        # draws, not e.g. a shuffled pass): sum((c - 20)^2 / 18) is about
+        # chi-square(200); two-sided bounds at 1e-6 each.
+        dispersion = np.sum((counts - steps * q) ** 2 / (steps * q * (1 - q)))
+        self.assertBetween(dispersion, stats.chi2.ppf(1e-6, n),
+                           stats.chi2.isf(1e-6, n))
 
 
 if __name__ == "__main__":

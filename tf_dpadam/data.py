@@ -32,6 +32,16 @@ Use the expected batch size B as the optimizer's `batch_size`, so that the
 denominator and Phi are public constants, and compile training metrics as
 `weighted_metrics` (Keras weights only those by the sample weights; plain
 `metrics` would count the padding rows).
+
+The amplification by subsampling assumes that nobody can tell which examples
+a step sampled, so the sampling is keyed by a secret: by default 63 bits from
+the operating system's CSPRNG (`privatizer.secret_seed`), which no global seed
+(`keras.utils.set_random_seed`, `tf.random.set_seed`, `random.seed`,
+`np.random.seed`) fixes. Step t's mask is `stateless_uniform(seed=(key,
+nonce_t)) < q`, where the nonces are public 64-bit values, new at every step
+and every pass (`_step_nonces`). An explicit `seed=` is that key: the same
+seed gives the same batches, pass after pass, whatever the other seeds, and
+warns that anyone who knows it can regenerate every batch.
 """
 
 import math
@@ -39,6 +49,12 @@ import typing
 
 import numpy as np
 import tensorflow as tf
+
+from tf_dpadam import privatizer
+
+# The seeds of the public nonce stream: any pair but (0, 0), which TensorFlow
+# replaces with nondeterministic seeds.
+_NONCE_SEEDS = (0x5EED_5A3F, 0x0D9A_1516)
 
 
 class PoissonBatches(typing.NamedTuple):
@@ -103,6 +119,32 @@ def poisson_capacity(num_examples, expected_batch_size, physical_batch_size,
         capacity += physical_batch_size
 
 
+def _step_nonces():
+    """Public 64-bit nonces, new at every element and every iteration.
+
+    The op of `tf.data.Dataset.random(rerandomize_each_iteration=True)`
+    (`RandomDatasetV2`), called with fixed seeds: `Dataset.random` itself
+    mixes TensorFlow's global seed into its seeds and keeps only 31 bits of
+    its `seed`. This stream is the same in every process, whatever the global
+    seeds; each iteration of the dataset continues it (new values every pass).
+    The op's values have 32 bits, so each nonce packs two.
+    """
+    words = tf.data.experimental.from_variant(
+        tf.raw_ops.RandomDatasetV2(
+            seed=tf.constant(_NONCE_SEEDS[0], tf.int64),
+            seed2=tf.constant(_NONCE_SEEDS[1], tf.int64),
+            seed_generator=tf.raw_ops.DummySeedGenerator(),
+            output_types=[tf.int64],
+            output_shapes=[[]],
+            rerandomize_each_iteration=True,
+        ),
+        tf.TensorSpec([], tf.int64),
+    )
+    return words.batch(2, drop_remainder=True).map(
+        lambda w: tf.bitwise.bitwise_or(tf.bitwise.left_shift(w[0], 32), w[1])
+    )
+
+
 def _check_positive_int(name, value):
     if not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"Expected {name}={value!r} to be an int > 0.")
@@ -120,7 +162,14 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         physical_batch_size: b, the batch that fits in memory; defaults to
             the capacity M (k = 1), then a multiple of 8.
         steps_per_epoch: logical steps per pass; defaults to ceil(N / B).
-        seed: optional int; every pass draws new batches either way.
+        seed: None (default): the sampling is keyed by 63 secret bits from
+            the operating system's entropy, new at every call and not fixed
+            by any global seed. An int in [0, 2**63): the key itself, for
+            reproducible research only (with a warning): the same seed gives
+            the same batches whatever the global seeds, and anyone who knows
+            it can regenerate every batch, which voids the amplification by
+            subsampling that the accounting assumes. Every pass over the
+            dataset draws new batches either way.
         max_overflow_probability: bound on P(batch size > M) per step.
         pad_to_multiple_of: None (default): physical batches of the static
             size b (XLA compiles once). An int m: each physical batch is
@@ -130,7 +179,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         A `PoissonBatches`.
 
     Raises:
-        ValueError: on arguments out of range.
+        ValueError: on arguments out of range (including `seed`).
     """
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
         raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
@@ -174,13 +223,20 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         steps_per_epoch = math.ceil(num_examples / expected_batch_size)
     _check_positive_int("steps_per_epoch", steps_per_epoch)
     k = capacity // physical_batch_size
+    key = privatizer.resolve_seed(
+        seed, what="poisson_batches", drawn="every batch",
+        effect="the privacy amplification by subsampling that the accounting"
+        " assumes",
+        consequence="the run does NOT have the reported (epsilon, delta)"
+        " guarantee against them",
+    )
 
     x, y = data[0], data[1]
     weight = data[2] if len(data) == 3 else np.ones(num_examples, "float32")
     constants = tf.nest.map_structure(tf.constant, (x, y, weight))
 
-    def sample_step(step_seed):
-        seed_pair = tf.stack([step_seed, tf.constant(0, tf.int64)])
+    def sample_step(nonce):
+        seed_pair = tf.stack([tf.constant(key, tf.int64), nonce])
         included = tf.random.stateless_uniform([num_examples], seed=seed_pair) < q
         indices = tf.cast(tf.where(included)[:, 0], tf.int32)
         size = tf.size(indices)
@@ -220,7 +276,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         )
 
     dataset = (
-        tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        _step_nonces()
         .take(steps_per_epoch)
         .map(sample_step, num_parallel_calls=tf.data.AUTOTUNE)
         .unbatch()

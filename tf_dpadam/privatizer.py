@@ -15,7 +15,9 @@ added over replicas, the noise is drawn once (on the first replica) and the
 denominator is the global B.
 """
 
+import os
 import secrets
+import sys
 import warnings
 
 import numpy as np
@@ -30,11 +32,12 @@ from tf_dpadam import vectorization
 # Shown when a user passes an explicit seed for the DP noise or sampling.
 REPRODUCIBLE_SEED_WARNING = (
     "{what} uses the explicit seed={seed!r}: anyone who knows it can"
-    " regenerate {drawn} and remove {effect}, so the result is NOT"
-    " differentially private against them. Use explicit seeds for"
-    " reproducible research only; leave seed=None (the default) to draw"
-    " the seed from the operating system's entropy."
+    " regenerate {drawn} and remove {effect}, so {consequence}. Use explicit"
+    " seeds for reproducible research only; leave seed=None (the default) to"
+    " draw the seed from the operating system's entropy."
 )
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def secret_seed():
@@ -46,11 +49,32 @@ def secret_seed():
     return secrets.randbits(63)
 
 
-def resolve_seed(seed, what, drawn, effect):
+def _user_stacklevel():
+    """The `stacklevel` of the first caller outside tf_dpadam and Keras."""
+    level = 1
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not (path.startswith(_PACKAGE_DIR)
+                or f"{os.sep}keras{os.sep}" in path):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
+
+
+def resolve_seed(seed, what, drawn, effect,
+                 consequence="the result is NOT differentially private"
+                 " against them"):
     """`seed` if given (with a warning), else a `secret_seed()`.
 
+    Args:
+        seed: None or an int in [0, 2**63).
+        what, drawn, effect, consequence: the parts of the warning
+            (`REPRODUCIBLE_SEED_WARNING`), which points at the user's line.
+
     Raises:
-        ValueError: if `seed` is neither None nor a non-negative int.
+        ValueError: if `seed` is neither None nor an int in [0, 2**63).
     """
     if seed is None:
         return secret_seed()
@@ -62,9 +86,10 @@ def resolve_seed(seed, what, drawn, effect):
     seed = int(seed)
     warnings.warn(
         REPRODUCIBLE_SEED_WARNING.format(
-            what=what, seed=seed, drawn=drawn, effect=effect
+            what=what, seed=seed, drawn=drawn, effect=effect,
+            consequence=consequence,
         ),
-        stacklevel=3,
+        stacklevel=_user_stacklevel(),
     )
     return seed
 
