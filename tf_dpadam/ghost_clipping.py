@@ -921,15 +921,15 @@ class _FallbackUnit(_Handler):
                 with tf.GradientTape() as tape:
                     outputs = layer(*args, **kwargs)
                 flat = tf.nest.flatten(outputs)
-                return tape.gradient(
-                    [flat[j] for j, _ in used], variables,
+                return privatizer.gradients_or_zeros(
+                    tape, [flat[j] for j, _ in used], variables,
                     output_gradients=[c[None] for c in cotangents],
-                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
                 )
 
             per_example = vectorization.vectorized_map(
                 one_example,
                 ([leaves[i] for i in tensor_index], [g for _, g in used]),
+                what=f"the per-example gradients of layer {layer.name!r}",
             )
             per_example = [ops.cast(g, "float32") for g in per_example]
             total = per_example if total is None else [
@@ -1367,7 +1367,8 @@ def compiled_loss_fn(model):
             compile_loss._metrics = [None] * len(saved)
         try:
             return vectorization.vectorized_map(
-                one, tuple(examples[i] for i in present)
+                one, tuple(examples[i] for i in present),
+                what="the per-example compiled loss",
             )
         finally:
             if saved is not None:

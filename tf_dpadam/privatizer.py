@@ -102,6 +102,19 @@ def _drop_batch_axis(structure):
     return tf.nest.map_structure(lambda t: t[0], structure)
 
 
+def gradients_or_zeros(tape, target, variables, output_gradients=None):
+    """`tape.gradient`, with zeros for variables that `target` never reads.
+
+    (`UnconnectedGradients.ZERO` fails on a Keras variable that was never
+    read: TensorFlow takes its string dtype for a `tf.DType`.)
+    """
+    grads = tape.gradient(target, variables, output_gradients=output_gradients)
+    return [
+        tf.zeros(v.shape, v.dtype) if g is None else g
+        for v, g in zip(variables, grads)
+    ]
+
+
 def per_example_gradients(example_loss_fn, variables, examples):
     """Gradients of each example's loss, vectorized over the batch.
 
@@ -126,9 +139,7 @@ def per_example_gradients(example_loss_fn, variables, examples):
             example[i] = _add_batch_axis(e)
         with tf.GradientTape() as tape:
             loss, aux = example_loss_fn(*example)
-        grads = tape.gradient(
-            loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
-        )
+        grads = gradients_or_zeros(tape, loss, variables)
         return grads, loss, _drop_batch_axis(aux)
 
     packed = tuple(examples[i] for i in present)

@@ -151,12 +151,26 @@ def exact_converters():
                     _REGISTRY[name] = converter
 
 
-def vectorized_map(fn, elems):
+def vectorized_map(fn, elems, what="the per-example gradients"):
     """`tf.vectorized_map(fn, elems, fallback_to_while_loop=True)`, exact.
 
     The same as TensorFlow's, with batch matrix products vectorized without
     the broadcasts that TensorFlow 2.21's oneDNN kernel gets wrong (see the
     module docstring).
+
+    Raises:
+        ValueError: naming `what`, if TensorFlow cannot vectorize `fn` (e.g.
+            a `tf.while_loop` whose state TensorFlow's vectorizer does not
+            convert, as in an RNN that is not unrolled after an Embedding).
     """
     with exact_converters():
-        return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
+        try:
+            return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
+        except (TypeError, NotImplementedError) as error:
+            raise ValueError(
+                f"TensorFlow cannot vectorize {what} over the examples"
+                f" ({type(error).__name__}: {str(error)[:500]}). Use"
+                " make_private(clipping='auto') (ghost clipping maps only the"
+                " layers it has no rule for), or make the loop static (e.g."
+                " `unroll=True` in RNN layers)."
+            ) from error
