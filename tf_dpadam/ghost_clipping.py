@@ -27,7 +27,8 @@ Layers:
 * ghost: `Dense`, `EinsumDense` (equations whose kernel axes are each either
   contracted or an output axis), `Embedding`, `LayerNormalization`, `Conv1D`
   and `Conv2D` (`groups=1`, through image patches). Exact classes or
-  subclasses that do not override `call`; not LoRA-enabled nor quantized.
+  subclasses that do not override `call` and have no trainable weights but
+  the rule's own (kernel, bias, ...); not LoRA-enabled nor quantized.
 * layers without weights of their own (`MultiHeadAttention`, `Sequential`,
   functional and subclassed models, custom blocks) are looked into: their
   sublayers are handled one by one.
