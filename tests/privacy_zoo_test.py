@@ -848,9 +848,9 @@ def _compile(model, case, clipping, clip, jit):
         ),
         loss=case.loss, loss_weights=case.loss_weights, jit_compile=jit,
     )
-    # Built here, the optimizer's variables are not created while the step is
-    # traced, which would trace it a second time.
-    private.optimizer.build(private.trainable_variables)
+    # PrivateModel.compile builds the optimizer of a built model (its
+    # variables created while the step is traced would trace it twice).
+    assert private.optimizer.built
     return private
 
 

@@ -395,6 +395,19 @@ class SerializationTest(parameterized.TestCase):
         for a, b in zip(_weights(model), _weights(loaded)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
+    def test_compile_builds_the_optimizer_of_a_built_model(self):
+        # Creating the optimizer's variables in the first train step would
+        # make tf.function trace that step twice.
+        model = tf_dpadam.make_private(_functional())
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
+            loss=_LOSS,
+        )
+        self.assertTrue(model.optimizer.built)
+        x, y = _data()
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        self.assertEqual(int(model.optimizer.iterations), 4)
+
     def test_loaded_base_model_is_still_refused_without_wrapper(self):
         model = tf_dpadam.make_private(_sequential())
         model.compile(
