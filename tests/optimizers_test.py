@@ -518,8 +518,9 @@ class NoiseStatisticsTest(parameterized.TestCase):
                       2 * stats.norm.sf(2.0), "|update| / s")
 
     @parameterized.named_parameters(
-        ("generator_graph", "generator", False),
-        ("generator_xla", "generator", True),
+        # The seeds make_private draws (one per step).
+        ("noise_seeds_graph", "noise_seeds", False),
+        ("noise_seeds_xla", "noise_seeds", True),
         ("seed_pair_graph", "pair", False),
         ("seed_pair_xla", "pair", True),
     )
@@ -529,13 +530,13 @@ class NoiseStatisticsTest(parameterized.TestCase):
         stddev, shape = 2.0, (320, 320)
         n = shape[0] * shape[1]
         zeros = [tf.zeros(shape), tf.zeros(shape)]
-        if seed == "generator":
-            generator = keras.random.SeedGenerator(5)
+        if seed == "noise_seeds":
+            seeds = privatizer.NoiseSeeds(5)
             step = tf.function(
-                lambda: privatizer.add_noise(zeros, stddev, generator),
+                lambda t: privatizer.add_noise(zeros, stddev, seeds.next(t)),
                 jit_compile=jit,
             )
-            draws = step() + step()
+            draws = step(tf.constant(0)) + step(tf.constant(1))
         else:
             step = tf.function(
                 lambda s: privatizer.add_noise(zeros, stddev, s),

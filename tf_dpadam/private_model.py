@@ -161,7 +161,8 @@ class PrivateModel(keras.Model):
         optimizer = keras.optimizers.get(optimizer)
         _require_dp_optimizer(optimizer)
         super().compile(optimizer, *args, **kwargs)
-        if self.built and self.trainable_variables and not optimizer.built:
+        if (self.built and self.trainable_variables
+                and not self.optimizer.built):
             # Now rather than in the first train step: creating the
             # optimizer's variables there makes tf.function trace the step
             # twice (3-7 s each for the larger models of the tests).
@@ -172,9 +173,7 @@ class PrivateModel(keras.Model):
     def compile_from_config(self, config):
         # Keras skips models that override `compile`; ours only adds a check.
         config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)
+        self.compile(**config)  # builds the optimizer of a built model
 
     def _layer_seed_generators(self):
         """The random states of the wrapped model's layers (e.g. Dropout)."""

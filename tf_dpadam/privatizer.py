@@ -179,17 +179,14 @@ SECURE_MODE_DRAWS = 4
 def gaussian(shape, stddev, dtype, seed, secure_mode=False):
     """N(0, stddev^2) samples from TensorFlow's Philox generator.
 
-    `seed` is a `keras.random.SeedGenerator` (advanced by one draw) or a
-    `[2]` integer seed (int32 or int64; all 64 bits of int64 words are
-    used). The algorithm is named: TensorFlow's default ("auto_select")
+    `seed` is a `[2]` integer seed (int32 or int64; all 64 bits of int64
+    words are used). The algorithm is named: TensorFlow's default ("auto_select")
     compiles under XLA on CPU to a generator 50x slower than Philox (1.8M
     normals: 620 vs 12 ms; graphs: 18 ms either way), which made the noise
     alone cost a third of an XLA step of the text model. With
     `secure_mode`, each value is the sum of `SECURE_MODE_DRAWS` independent
     normals of std `stddev / sqrt(SECURE_MODE_DRAWS)`.
     """
-    if isinstance(seed, keras_random.SeedGenerator):
-        seed = seed.next()
     seed = tf.convert_to_tensor(seed)
     if not secure_mode:
         return tf.random.stateless_normal(
@@ -199,14 +196,12 @@ def gaussian(shape, stddev, dtype, seed, secure_mode=False):
         seed, SECURE_MODE_DRAWS, alg="philox"
     )
     part = stddev / SECURE_MODE_DRAWS ** 0.5
-    total = tf.random.stateless_normal(
-        shape, seed=draws[0], stddev=part, dtype=dtype, alg="philox"
-    )
-    for i in range(1, SECURE_MODE_DRAWS):
-        total += tf.random.stateless_normal(
-            shape, seed=draws[i], stddev=part, dtype=dtype, alg="philox"
+    return tf.add_n([
+        tf.random.stateless_normal(
+            shape, seed=s, stddev=part, dtype=dtype, alg="philox"
         )
-    return total
+        for s in tf.unstack(draws)
+    ])
 
 
 def add_noise(grads, stddev, seed, share=1.0, secure_mode=False):
@@ -215,8 +210,8 @@ def add_noise(grads, stddev, seed, share=1.0, secure_mode=False):
     Args:
         grads: list of tensors.
         stddev: sigma * C (a Python number).
-        seed: a `keras.random.SeedGenerator` (one draw per tensor), or a
-            `[2]` integer seed (split into one independent seed per tensor).
+        seed: a `[2]` integer seed, split into one independent seed per
+            tensor (`NoiseSeeds.next` gives one per step).
         share: multiplies the noise; under `tf.distribute` it is 1 on one
             replica and 0 on the others, so that the noise is added once.
         secure_mode: each value the sum of several normals (`gaussian`).
@@ -227,14 +222,10 @@ def add_noise(grads, stddev, seed, share=1.0, secure_mode=False):
     if stddev == 0:
         return list(grads)
     grads = list(grads)
-    if isinstance(seed, keras_random.SeedGenerator):
-        seeds = [seed] * len(grads)
-    else:
-        # Never the same seed twice: equal-shaped tensors would get equal
-        # noise.
-        seeds = tf.unstack(tf.random.experimental.stateless_split(
-            tf.cast(seed, tf.int64), num=len(grads), alg="philox"
-        ))
+    # Never the same seed twice: equal-shaped tensors would get equal noise.
+    seeds = tf.unstack(tf.random.experimental.stateless_split(
+        tf.cast(seed, tf.int64), num=len(grads), alg="philox"
+    ))
     return [
         g + ops.cast(share, g.dtype) * gaussian(
             ops.shape(g), stddev, g.dtype, s, secure_mode=secure_mode
