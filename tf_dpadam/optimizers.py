@@ -222,6 +222,11 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
 class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
     """Shared constructor checks of the two DP Adams."""
 
+    def moments(self, variable):
+        """The first and second moment variables (m, v) of `variable`."""
+        index = self._get_variable_index(variable)
+        return self._momentums[index], self._velocities[index]
+
     def _init_adam(self, beta_1, beta_2, epsilon):
         dp_math.check_beta("beta_1", beta_1)
         dp_math.check_beta("beta_2", beta_2)
@@ -363,8 +368,7 @@ class DPAdamCorrected(_DPAdamBase):
         lr = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
         t = ops.cast(self.iterations + 1, dtype)
-        m = self._momentums[self._get_variable_index(variable)]
-        v = self._velocities[self._get_variable_index(variable)]
+        m, v = self.moments(variable)
         self.assign(m, self.beta_1 * m + (1 - self.beta_1) * gradient)
         self.assign(v, self.beta_2 * v + (1 - self.beta_2) * ops.square(gradient))
         m_hat = m / (1 - ops.power(ops.cast(self.beta_1, dtype), t))
