@@ -16,6 +16,8 @@ import keras
 from examples import common
 from examples import datasets
 from examples import models
+from examples import shared_flags
+from examples import training
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
@@ -26,7 +28,8 @@ def define_flags():
                       "files, else tfds.")
     flags.DEFINE_string("data_dir", None,
                         "Folder of the dataset files (default: the loader's).")
-    common.define_flags()
+    shared_flags.define_training_flags()
+    flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
 
 
 FLAGS = flags.FLAGS
@@ -37,7 +40,7 @@ def run(dataset, data_dir, config, max_examples=None):
     if max_examples:
         x_train, y_train = x_train[:max_examples], y_train[:max_examples]
     num_classes = int(y_train.max()) + 1
-    return common.fit_private(
+    return training.fit_private(
         lambda: models.make_cnn(x_train.shape[1:], num_classes),
         (x_train, y_train),
         test,
@@ -49,7 +52,7 @@ def run(dataset, data_dir, config, max_examples=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = common.config_from_flags(FLAGS.dataset)
+    config = shared_flags.config_from_flags(FLAGS.dataset)
     results = run(FLAGS.dataset, FLAGS.data_dir, config, FLAGS.max_examples)
     common.print_results(results)
 

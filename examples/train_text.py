@@ -30,6 +30,8 @@ import numpy as np
 from examples import common
 from examples import datasets
 from examples import models
+from examples import shared_flags
+from examples import training
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
@@ -46,7 +48,8 @@ def define_flags():
                       "Run the frozen embeddings and lower blocks once over "
                       "the data and train on their outputs (same gradients "
                       "and privacy, much faster; frozen dropout off).")
-    common.define_flags()
+    shared_flags.define_training_flags()
+    flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
 
 
 FLAGS = flags.FLAGS
@@ -59,7 +62,7 @@ CLASSIFIER_FILE = "text_classifier.keras"
 def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
         cache_frozen=True, feature_cache=None):
-    """Loads, tokenizes and trains; returns `common.fit_private`'s results.
+    """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
         dataset, data_dir, preset, sequence_length: as the flags.
@@ -119,7 +122,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
             on_trained = functools.partial(
                 save_classifier, classifier,
                 os.path.join(config.model_dir, CLASSIFIER_FILE))
-    return common.fit_private(
+    return training.fit_private(
         lambda: model,
         (x_train, y_train),
         (x_test, y_test),
@@ -166,7 +169,7 @@ def cached_features(frozen, x, source, cache=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = common.config_from_flags(FLAGS.dataset)
+    config = shared_flags.config_from_flags(FLAGS.dataset)
     results = run(FLAGS.dataset, FLAGS.data_dir, FLAGS.preset,
                   FLAGS.sequence_length, config, FLAGS.max_examples,
                   FLAGS.max_test_examples, cache_frozen=FLAGS.cache_frozen)

@@ -1,0 +1,123 @@
+"""The numbers of the optimizer comparison, and what they say.
+
+Pure helpers: mean and spread over seeds and over curves, whether a best
+learning rate sits at the edge of its grid, and a short verdict paragraph
+that compares two optimizers against their seed spread and the paper's
+numbers (`PAPER_RESULTS`).
+"""
+
+import math
+
+import numpy as np
+
+from examples import common
+
+# Test accuracy (%) at epsilon = 7 of the paper's Table (Tang & Lecuyer).
+PAPER_RESULTS = {
+    "CIFAR-10": {"dpsgd": 61.94, "dpadam": 56.35, "dpadam_corrected": 60.27},
+    "SNLI": {"dpsgd": 41.31, "dpadam": 53.04, "dpadam_corrected": 56.62},
+}
+
+
+def aggregate_seeds(values):
+    """`(mean, std, n)`; std is the sample standard deviation (ddof=1), 0.0
+    for a single value. NaN if `values` is empty."""
+    values = np.asarray(list(values), dtype=np.float64)
+    if values.size == 0:
+        return math.nan, math.nan, 0
+    std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    return float(values.mean()), std, int(values.size)
+
+
+def aggregate_curves(histories):
+    """Mean and std over seeds of accuracy-vs-step curves.
+
+    Args:
+        histories: one list of `(step, accuracy)` per seed.
+
+    Returns:
+        `(steps, mean, std)` arrays over the steps all seeds evaluated at
+        (std with ddof=1; 0 for one seed).
+    """
+    if not histories:
+        return np.array([]), np.array([]), np.array([])
+    maps = [dict(h) for h in histories]
+    steps = sorted(set.intersection(*(set(m) for m in maps)))
+    values = np.array([[m[s] for s in steps] for m in maps], np.float64)
+    mean = values.mean(axis=0) if steps else np.array([])
+    std = (values.std(axis=0, ddof=1) if len(maps) > 1
+           else np.zeros(len(steps)))
+    return np.array(steps), mean, std
+
+
+def at_grid_edge(setting, grid):
+    """Whether `setting`'s learning rate is the lowest or highest of its
+    grid (with more than one), i.e. the optimum may lie outside it."""
+    rates = sorted({s.learning_rate for s in grid})
+    return len(rates) > 1 and setting.learning_rate in (rates[0], rates[-1])
+
+
+def compare(a, b):
+    """How summary a = (mean, std, n) compares to b, in accuracy points.
+
+    Returns:
+        `(gap, spread, verdict)`: gap = mean_a - mean_b, spread = std_a +
+        std_b, and verdict "better" / "worse" if |gap| > spread (the mean +-
+        std intervals do not overlap), "within" if not, "unknown" with fewer
+        than 2 seeds on either side.
+    """
+    gap = a[0] - b[0]
+    spread = a[1] + b[1]
+    if a[2] < 2 or b[2] < 2 or math.isnan(gap):
+        return gap, spread, "unknown"
+    if abs(gap) <= spread:
+        return gap, spread, "within"
+    return gap, spread, "better" if gap > 0 else "worse"
+
+
+def verdict_paragraph(summary, paper, paper_dataset, dataset):
+    """A short honest paragraph from the numbers.
+
+    Args:
+        summary: optimizer -> `(mean, std, n)` of test accuracy (fractions).
+        paper: optimizer -> the paper's accuracy (%).
+        paper_dataset, dataset: names for the text.
+    """
+    names = common.OPTIMIZER_NAMES
+    if "dpadam_corrected" not in summary or "dpadam" not in summary:
+        return ("Not enough finished runs to compare DP-AdamBC with DP-Adam "
+                "yet.")
+
+    def pct(x):
+        return 100.0 * x
+
+    def sentence(a, b):
+        gap, spread, verdict = compare(summary[a], summary[b])
+        head = (f"{names[a]} scores {pct(summary[a][0]):.2f}% against "
+                f"{pct(summary[b][0]):.2f}% for {names[b]} "
+                f"(a gap of {pct(gap):+.2f} points")
+        if verdict == "unknown":
+            return (head + "); with fewer than two seeds on a side the seed "
+                    "spread is unknown, so this says little.")
+        tail = (f", seed spread {pct(spread):.2f} points = the sum of the two "
+                f"standard deviations)")
+        if verdict == "within":
+            return head + tail + (": the difference is within the seed "
+                                  "spread, not a clear win either way.")
+        word = "beats" if verdict == "better" else "loses to"
+        return head + tail + (f": {names[a]} {word} {names[b]} by more than "
+                              "the seed spread.")
+
+    text = [sentence("dpadam_corrected", "dpadam")]
+    if "dpsgd" in summary:
+        text.append(sentence("dpadam_corrected", "dpsgd"))
+    paper_gap = paper["dpadam_corrected"] - paper["dpadam"]
+    text.append(
+        f"In the paper ({paper_dataset}) DP-AdamBC beats DP-Adam by "
+        f"{paper_gap:.2f} points and DP-SGD scores "
+        f"{paper['dpsgd']:.2f}%; {dataset} is a different (and easier) "
+        "task with a different model, so compare the ordering and the gaps, "
+        "not the accuracies themselves."
+    )
+    return " ".join(text)
+

@@ -1,0 +1,274 @@
+"""The optimizer comparison as a plan of runs: tasks, grids, seeds.
+
+`examples.reproduce` tunes each optimizer over a grid of `runs.Setting`s at
+the first seed and reruns the best setting of each with every seed. A `Plan`
+holds all that decides those runs; `execute_run` trains (or reads back) one of
+them in `<runs_dir>/<runs.run_name(setting, seed)>`, `collect` reads back the
+finished ones and `best_of_tuning` picks each optimizer's best setting.
+`make_train_fn` is the training of one run, by the binary of its task.
+"""
+
+import dataclasses
+import math
+import os
+
+from examples import common
+from examples import runs
+from examples.runs import Setting
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# --task -> what it trains and what the paper trained in its place.
+TASKS = {
+    "fashion_mnist": {
+        "kind": "image", "dataset": "fashion_mnist", "name": "Fashion-MNIST",
+        "paper_dataset": "CIFAR-10",
+        "model": "the paper's 5-layer tanh CNN (examples.models.make_cnn)",
+    },
+    "sst2": {
+        "kind": "text", "dataset": "sst2_tsv", "name": "SST-2",
+        "paper_dataset": "SNLI",
+        "model": "BERT classifier, last block re-initialized and trained "
+                 "with a new head (examples.models.make_text_classifier)",
+    },
+}
+
+
+# Default grids (powers of 10 around the paper's picks). Gammas: None is the
+# paper's value for the dataset (`PAPER_DEFAULTS[...]["epsilon"]`).
+DEFAULT_LEARNING_RATES = {
+    "dpsgd": (0.1, 1.0, 10.0),
+    "dpadam": (1e-4, 1e-3, 1e-2),
+    "dpadam_corrected": (1e-4, 1e-3, 1e-2),
+}
+
+
+DEFAULT_SST2_DIR = os.path.join(ROOT, os.pardir, "shared", "data", "sst2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything that decides the runs; `base` holds the shared
+    hyperparameters (its optimizer, learning rate, epsilon, seed and
+    model_dir are replaced per run); `data` describes the data, and is saved
+    with every run so that runs on other data are not mixed in."""
+
+    task: str
+    base: common.TrainConfig
+    grids: dict  # optimizer -> tuple of Setting.
+    seeds: tuple
+    runs_dir: str
+    data: dict
+
+    @property
+    def tune_seed(self):
+        return self.seeds[0]
+
+
+def make_grid(optimizer, learning_rates, gammas=(None,)):
+    """The settings learning_rates x gammas (DP-SGD ignores gammas)."""
+    if optimizer not in common.OPTIMIZER_NAMES:
+        raise ValueError(f"Unknown optimizer {optimizer!r}.")
+    if not learning_rates:
+        raise ValueError(f"Empty learning-rate grid for {optimizer}.")
+    if optimizer == "dpsgd":
+        gammas = (None,)
+    if not gammas:
+        raise ValueError(f"Empty gamma grid for {optimizer}.")
+    if optimizer == "dpadam" and None in gammas:
+        raise ValueError("DP-Adam needs numeric gammas ('none' is only "
+                         "DP-AdamBC's 0.04 * Phi).")
+    for lr in learning_rates:
+        if not lr > 0:
+            raise ValueError(f"Expected learning rates > 0, got {lr}.")
+    return tuple(Setting(optimizer, float(lr), None if g is None else
+                         float(g))
+                 for g in gammas for lr in learning_rates)
+
+
+def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
+                batch_size=None, physical_batch_size=None,
+                target_epsilon=7.0, delta=1e-5, epochs=None, eval_every=50,
+                jit_compile=False):
+    """The hyperparameters all runs share; None: PAPER_DEFAULTS[dataset]."""
+    defaults = common.PAPER_DEFAULTS[dataset]
+    target_epsilon = target_epsilon or None
+    if target_epsilon is None and epochs is None:
+        raise ValueError("Give target_epsilon > 0 or epochs.")
+
+    def pick(value, key):
+        return defaults[key] if value is None else value
+
+    return common.TrainConfig(
+        optimizer="dpsgd",  # Placeholders, replaced by `runs.run_config`.
+        learning_rate=defaults["learning_rate"]["dpsgd"],
+        epsilon=None,
+        seed=0,
+        model_dir=None,
+        l2_norm_clip=pick(l2_norm_clip, "l2_norm_clip"),
+        noise_multiplier=pick(noise_multiplier, "noise_multiplier"),
+        batch_size=pick(batch_size, "batch_size"),
+        physical_batch_size=physical_batch_size,
+        phi=None,
+        beta_1=0.9,
+        beta_2=0.999,
+        momentum=0.0,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        epochs=epochs,
+        eval_every=eval_every,
+        jit_compile=jit_compile,
+    )
+
+
+def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data):
+    """A `Plan`; learning_rates / gammas: optimizer -> values."""
+    if task not in TASKS:
+        raise ValueError(f"Unknown task {task!r}; expected one of "
+                         f"{list(TASKS)}.")
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise ValueError("Give at least one seed.")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"Repeated seeds in {seeds}.")
+    grids = {
+        name: make_grid(name, learning_rates[name],
+                        gammas.get(name, (None,)))
+        for name in common.OPTIMIZER_NAMES
+    }
+    return Plan(task=task, base=base, grids=grids, seeds=seeds,
+                runs_dir=runs_dir, data=dict(data))
+
+
+def planned_config(plan, setting, seed):
+    """The `TrainConfig` of the run of (setting, seed), with its model_dir."""
+    model_dir = os.path.join(plan.runs_dir, runs.run_name(setting, seed))
+    return runs.run_config(plan.base, setting, seed, model_dir)
+
+
+def execute_run(plan, setting, seed, train_fn, command, machine):
+    """Reads back the run of (setting, seed), or trains (or resumes) it."""
+    config = planned_config(plan, setting, seed)
+    return runs.execute(config.model_dir, config, data=plan.data,
+                        train_fn=train_fn, command=command, machine=machine)
+
+def collect(plan):
+    """All finished runs of the plan on disk: name -> Record."""
+    records = {}
+    for grid in plan.grids.values():
+        for setting in grid:
+            for seed in plan.seeds:
+                config = planned_config(plan, setting, seed)
+                record = runs.load_record(config.model_dir, config,
+                                          plan.data)
+                if record is not None:
+                    records[record.name] = record
+    return records
+
+
+def pick_best(scored):
+    """The best setting of each optimizer.
+
+    Args:
+        scored: `(Setting, accuracy)` pairs; a NaN or None accuracy (a
+            diverged or missing run) loses to any number.
+
+    Returns:
+        optimizer -> `(Setting, accuracy)`, the highest accuracy; ties go to
+        the pair listed first.
+    """
+    best = {}
+    for setting, accuracy in scored:
+        score = -math.inf if accuracy is None or math.isnan(accuracy) else (
+            accuracy)
+        current = best.get(setting.optimizer)
+        if current is None or score > current[2]:
+            best[setting.optimizer] = (setting, accuracy, score)
+    return {name: (s, a) for name, (s, a, _) in best.items()}
+
+
+def best_of_tuning(plan, records):
+    """optimizer -> best Setting among the finished tuning runs."""
+    scored = []
+    for grid in plan.grids.values():
+        for setting in grid:
+            record = records.get(runs.run_name(setting, plan.tune_seed))
+            if record is not None:
+                scored.append((setting, record.accuracy))
+    return {name: s for name, (s, _) in pick_best(scored).items()}
+
+
+def run_phase(plan, train_fn, phase, *, command, machine):
+    """Trains (or reads back) the runs of `phase` of the plan.
+
+    Args:
+        plan: a `Plan`.
+        train_fn: config -> results; only called for unfinished runs.
+        phase: "tune" (the grids at the first seed), "seeds" (the best
+            setting of each optimizer with every seed), "all" (both) or
+            "report" (nothing to train; the run folders are only checked).
+        command, machine: saved with each run, for the reports.
+    """
+    if phase not in ("tune", "seeds", "all", "report"):
+        raise ValueError(f"Unknown phase {phase!r}.")
+    # Check every run folder first: a mismatch fails before any training.
+    collect(plan)
+    if phase in ("tune", "all"):
+        for grid in plan.grids.values():
+            for setting in grid:
+                execute_run(plan, setting, plan.tune_seed, train_fn, command,
+                            machine)
+    if phase in ("seeds", "all"):
+        records = collect(plan)
+        missing = [runs.run_name(s, plan.tune_seed)
+                   for grid in plan.grids.values() for s in grid
+                   if runs.run_name(s, plan.tune_seed) not in records]
+        if missing:
+            raise ValueError(f"Tuning is not finished ({len(missing)} runs "
+                             f"missing, e.g. {missing[0]}): run "
+                             "--phase=tune first.")
+        for setting in best_of_tuning(plan, records).values():
+            for seed in plan.seeds:
+                execute_run(plan, setting, seed, train_fn, command, machine)
+
+
+def data_spec(task, *, max_examples=None, max_test_examples=None,
+              preset=None, sequence_length=None, cache_frozen=True):
+    """What identifies the data of a run (saved with it)."""
+    spec = {"task": task, "dataset": TASKS[task]["dataset"],
+            "max_examples": max_examples}
+    if TASKS[task]["kind"] == "text":
+        spec.update(max_test_examples=max_test_examples, preset=preset,
+                    sequence_length=sequence_length,
+                    cache_frozen=cache_frozen)
+    return spec
+
+
+def make_train_fn(task, *, data_dir=None, max_examples=None,
+                  max_test_examples=None, preset=None, sequence_length=128,
+                  cache_frozen=True):
+    """config -> results of one run of `task` (imports the binary it uses).
+
+    For sst2 with `cache_frozen`, the frozen features are computed once and
+    shared by the runs of this function (they do not depend on the seed
+    unless `max_examples` draws a seeded subset).
+    """
+    if task == "fashion_mnist":
+        if max_test_examples:
+            raise ValueError("max_test_examples is for sst2 only; "
+                             "fashion_mnist evaluates on its 10k test images.")
+        from examples import train_image
+
+        return lambda config: train_image.run(
+            "fashion_mnist", data_dir, config, max_examples=max_examples)
+    if task == "sst2":
+        from examples import train_text
+
+        feature_cache = {}
+        return lambda config: train_text.run(
+            "sst2_tsv", data_dir or DEFAULT_SST2_DIR, preset,
+            sequence_length, config, max_examples=max_examples,
+            max_test_examples=max_test_examples, cache_frozen=cache_frozen,
+            feature_cache=feature_cache)
+    raise ValueError(f"Unknown task {task!r}.")
+

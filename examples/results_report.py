@@ -1,0 +1,371 @@
+"""RESULTS_<task>.md, its plots and JSON summary, and RESULTS.md.
+
+`write_report` renders one task's report from the finished runs of a
+`experiments.Plan` (`render_markdown`), draws its two plots
+(`examples.plots`) and saves the summary that RESULTS.md shows
+(`summary_record`, RESULTS_<task>.json); `write_index` then rewrites
+RESULTS.md from every task's JSON (`render_index`).
+"""
+
+import json
+import os
+
+from examples import common
+from examples import comparison
+from examples import experiments
+from examples import plots
+from examples import runs
+
+def describe_data(data, records):
+    """One sentence on the data of the runs (`data` as of `data_spec`)."""
+    task = experiments.TASKS[data["task"]]
+    sizes = sorted({r.num_examples for r in records.values()})
+    train = (f"{' / '.join(map(str, sizes))} training examples" if sizes
+             else "training examples")
+    if data.get("max_examples"):
+        train += f" (subset: --max_examples={data['max_examples']})"
+    text = f"{task['name']} (dataset `{data['dataset']}`), {train}"
+    if task["kind"] == "text":
+        backbone = data.get("preset") or "all-MiniLM-L6-v2 (offline)"
+        text += (f"; {data.get('sequence_length')} tokens per example; "
+                 f"backbone {backbone}")
+        if data.get("cache_frozen"):
+            text += ("; the frozen embeddings and lower blocks ran once "
+                     "(inference mode, so without their dropout) and the "
+                     "runs trained the last block and head on their cached "
+                     "outputs (same per-example gradients and privacy)")
+        if data.get("max_test_examples"):
+            text += (f"; evaluated on {data['max_test_examples']} dev "
+                     "examples drawn with each run's seed (so the test "
+                     "subset differs between seeds)")
+        else:
+            text += "; evaluated on the whole dev set"
+    else:
+        text += "; evaluated on the whole test set"
+    return text + "."
+
+
+def describe_steps(records, few=100):
+    """The step counts of the runs, with a warning when they are few."""
+    steps = sorted({r.steps for r in records.values()})
+    if not steps:
+        return ""
+    text = f" Steps per run: {' / '.join(map(str, steps))}."
+    if steps[-1] < few:
+        text += (f" Under {few} steps the optimizers have little room to "
+                 "differ: raise σ (more steps for the same ε) for a "
+                 "meaningful comparison.")
+    return text
+
+
+def render_markdown(*, plan, records, best, command, machine, plots):
+    """The report as markdown text.
+
+    Args:
+        plan: the `Plan`.
+        records: name -> `Record` of the finished runs.
+        best: optimizer -> best `Setting` (tuning).
+        command: the command line that writes this report.
+        machine: `machine_info()` of this process.
+        plots: `{"curves": file, "tuning": file}` relative to the report.
+    """
+    task = experiments.TASKS[plan.task]
+    paper = comparison.PAPER_RESULTS[task["paper_dataset"]]
+    base = plan.base
+    phi = (base.noise_multiplier * base.l2_norm_clip / base.batch_size) ** 2
+    budget = (f"target ε = {base.target_epsilon:g}" if base.target_epsilon
+              else f"{base.epochs:g} epoch(s), no ε target")
+    lines = [
+        f"# DP-SGD vs DP-Adam vs DP-AdamBC on {task['name']} "
+        f"(the paper's {task['paper_dataset']} experiment)",
+        "",
+        "Written by `examples/reproduce.py` from the runs in "
+        f"`{plan.runs_dir}`.",
+        "",
+        "## Setup",
+        "",
+        f"- Machine (this report): `{machine.get('platform')}`, "
+        f"{machine.get('cpu_count')} CPUs"
+        + (f" ({machine['usable_cpus']} usable)" if "usable_cpus" in machine
+           else "")
+        + f", processor `{machine.get('processor')}`, Python "
+        f"{machine.get('python')}, TensorFlow {machine.get('tensorflow')}, "
+        f"Keras {machine.get('keras')}.",
+        f"- Command (this report): `{command}`",
+    ]
+    train_commands = sorted({r.command for r in records.values()
+                             if r.command})
+    other_machines = sorted({json.dumps(r.machine, sort_keys=True)
+                             for r in records.values() if r.machine}
+                            - {json.dumps(machine, sort_keys=True)})
+    if train_commands == [command]:
+        lines.append("- The runs were trained by this same command.")
+    elif train_commands:
+        lines.append("- Commands that trained the runs: "
+                     + "; ".join(f"`{c}`" for c in train_commands))
+    for other in other_machines:
+        lines.append(f"- Some runs were trained on another machine: "
+                     f"`{other}`")
+    lines += [
+        f"- Data: {describe_data(plan.data, records)}",
+        f"- Model: {task['model']}.",
+        f"- Privacy: C = {base.l2_norm_clip:g}, σ = "
+        f"{base.noise_multiplier:g}, expected batch B = {base.batch_size} "
+        f"(Poisson sampling), δ = {base.delta:g}, {budget}; Φ = (σC/B)² = "
+        f"{phi:.3g}, so DP-AdamBC's 0.04·Φ = {0.04 * phi:.3g}."
+        + describe_steps(records),
+        f"- Tuning: each optimizer's learning rate × γ grid at seed "
+        f"{plan.tune_seed}; the best setting (final test accuracy) is rerun "
+        f"with seeds {', '.join(map(str, plan.seeds))}. DP-Adam's γ is "
+        "outside the square root, DP-AdamBC's γ' inside it.",
+        "- Caveat: hyperparameters are selected on the test set, as the "
+        "paper reports them; that selection is not itself private and "
+        "flatters the best numbers a little (equally for all optimizers).",
+        "",
+    ]
+
+    # Final comparison.
+    rows = best_rows(plan, records, best)
+    lines += [
+        "## Best setting of each optimizer, mean ± std over seeds",
+        "",
+        f"| optimizer | lr | γ | seeds | {task['name']} test accuracy (%) "
+        f"| ε | paper, {task['paper_dataset']} (%) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in common.OPTIMIZER_NAMES.items():
+        row = rows.get(name)
+        if row:
+            acc = (f"{runs.format_percent(row['mean'])} ± "
+                   f"{runs.format_percent(row['std'])}")
+            eps, n = f"{row['epsilon']:.3f}", row["seeds"]
+            lr, gamma = f"{row['learning_rate']:g}", row["gamma"]
+        else:
+            acc, eps, n, lr, gamma = "not run", "n/a", 0, "n/a", "n/a"
+        lines.append(f"| {label} | {lr} | {gamma} | {n} | {acc} | {eps} | "
+                     f"{paper[name]:.2f} |")
+    lines += ["", verdict(plan, rows), ""]
+    edges = [common.OPTIMIZER_NAMES[n] for n, s in best.items()
+             if comparison.at_grid_edge(s, plan.grids[n])]
+    if edges:
+        lines += [
+            f"The best learning rate of {', '.join(edges)} is at the edge of "
+            "its grid: a wider grid might do better.",
+            "",
+        ]
+    lines += [
+        f"![Test accuracy vs step]({plots['curves']})",
+        "",
+        "Test accuracy against the step for the best setting of each "
+        "optimizer: mean over seeds, band ± one standard deviation.",
+        "",
+        f"## Tuning at seed {plan.tune_seed}",
+        "",
+        "| optimizer | lr | γ | final test accuracy (%) | ε | steps | "
+        "wall (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, grid in plan.grids.items():
+        for setting in grid:
+            record = records.get(runs.run_name(setting, plan.tune_seed))
+            mark = " **(best)**" if best.get(name) == setting else ""
+            if record is None:
+                lines.append(f"| {common.OPTIMIZER_NAMES[name]} | "
+                             f"{setting.learning_rate:g} | "
+                             f"{runs.format_gamma(setting)} | not run | | | |")
+                continue
+            lines.append(
+                f"| {common.OPTIMIZER_NAMES[name]} | "
+                f"{setting.learning_rate:g} | {runs.format_gamma(setting)} | "
+                f"{runs.format_percent(record.accuracy)}{mark} | "
+                f"{record.epsilon:.3f} | {record.steps} | "
+                f"{runs.format_seconds(record.wall_seconds)} |")
+    lines += [
+        "",
+        f"![Tuning grid]({plots['tuning']})",
+        "",
+        "## Every run",
+        "",
+        "Wall time: the session that finished the run, data loading "
+        "included (a resumed run counts only its last session).",
+        "",
+        "| run | seed | test accuracy (%) | ε | steps | wall (s) | resumed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(records):
+        r = records[name]
+        lines.append(f"| `{name}` | {r.seed} | "
+                     f"{runs.format_percent(r.accuracy)} | "
+                     f"{r.epsilon:.3f} | {r.steps} | "
+                     f"{runs.format_seconds(r.wall_seconds)} | "
+                     f"{'yes' if r.resumed else 'no'} |")
+    total = sum(r.wall_seconds or 0.0 for r in records.values())
+    lines += ["", f"Total wall time: {total:.0f} s ({total / 3600:.2f} h) "
+              f"over {len(records)} runs.", ""]
+    return "\n".join(lines)
+
+
+def best_rows(plan, records, best):
+    """optimizer -> the seed runs of its best setting, summarized.
+
+    Each row: `learning_rate`, `gamma` (as printed), `mean`, `std`, `seeds`
+    (test accuracy as fractions, over the finished seeds) and `epsilon` (the
+    largest spent). Optimizers without a finished run are left out.
+    """
+    rows = {}
+    for name in common.OPTIMIZER_NAMES:
+        setting = best.get(name)
+        done = [] if setting is None else [
+            records[runs.run_name(setting, s)] for s in plan.seeds
+            if runs.run_name(setting, s) in records
+        ]
+        if done:
+            mean, std, n = comparison.aggregate_seeds(r.accuracy for r in done)
+            rows[name] = {
+                "learning_rate": setting.learning_rate,
+                "gamma": runs.format_gamma(setting),
+                "mean": mean, "std": std, "seeds": n,
+                "epsilon": max(r.epsilon for r in done),
+            }
+    return rows
+
+
+def verdict(plan, rows):
+    """`comparison.verdict_paragraph` of the rows of `best_rows`."""
+    task = experiments.TASKS[plan.task]
+    summary = {name: (row["mean"], row["std"], row["seeds"])
+               for name, row in rows.items()}
+    return comparison.verdict_paragraph(
+        summary, comparison.PAPER_RESULTS[task["paper_dataset"]],
+        task["paper_dataset"], task["name"])
+
+
+def summary_record(plan, records, best, command, machine, files):
+    """What RESULTS.md shows of one task (saved as RESULTS_<task>.json)."""
+    task = experiments.TASKS[plan.task]
+    base = plan.base
+    rows = best_rows(plan, records, best)
+    return {
+        "task": plan.task,
+        "name": task["name"],
+        "paper_dataset": task["paper_dataset"],
+        "optimizers": rows,
+        "verdict": verdict(plan, rows),
+        "privacy": {
+            "l2_norm_clip": base.l2_norm_clip,
+            "noise_multiplier": base.noise_multiplier,
+            "batch_size": base.batch_size, "delta": base.delta,
+            "target_epsilon": base.target_epsilon,
+            "steps": sorted({r.steps for r in records.values()}),
+        },
+        "data": describe_data(plan.data, records),
+        # The commands that trained the runs (this one if none is known).
+        "commands": sorted({r.command for r in records.values()
+                            if r.command}) or [command],
+        "machine": machine,
+        "runs": len(records),
+        "wall_seconds": sum(r.wall_seconds or 0.0 for r in records.values()),
+        "files": files,
+    }
+
+
+def render_index(summaries):
+    """RESULTS.md: every task's best settings beside the paper's numbers."""
+    papers = []
+    for summary in summaries:
+        if summary["paper_dataset"] not in papers:
+            papers.append(summary["paper_dataset"])
+    lines = [
+        "# DP-SGD vs DP-Adam vs DP-AdamBC: results",
+        "",
+        "Written by `examples/reproduce.py` (it rewrites this page whenever it "
+        "writes a task's report) from the `RESULTS_<task>.json` beside it. "
+        "Each cell: test accuracy (%) of the optimizer's best tuned setting, "
+        "mean ± standard deviation over seeds, at ε ≈ 7 (δ = 1e-5). The "
+        "paper's numbers (Tang & Lécuyer) are on other datasets and models: "
+        "compare orderings and gaps, not accuracies.",
+        "",
+        "| optimizer | " + " | ".join(
+            f"{s['name']} (ours)" for s in summaries)
+        + " | " + " | ".join(f"{p} (paper)" for p in papers) + " |",
+        "|---" * (1 + len(summaries) + len(papers)) + "|",
+    ]
+    for name, label in common.OPTIMIZER_NAMES.items():
+        cells = []
+        for summary in summaries:
+            row = summary["optimizers"].get(name)
+            cells.append(
+                "not run" if row is None else
+                f"{runs.format_percent(row['mean'])} ± "
+                f"{runs.format_percent(row['std'])}"
+                f" ({row['seeds']} seeds, lr {row['learning_rate']:g})")
+        cells += [f"{comparison.PAPER_RESULTS[p][name]:.2f}" for p in papers]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for summary in summaries:
+        privacy = summary["privacy"]
+        machine = summary["machine"] or {}
+        files = summary["files"]
+        lines += [
+            "",
+            f"## {summary['name']} (in place of the paper's "
+            f"{summary['paper_dataset']})",
+            "",
+            summary["verdict"],
+            "",
+            f"- Data: {summary['data']}",
+            f"- Privacy: C = {privacy['l2_norm_clip']:g}, σ = "
+            f"{privacy['noise_multiplier']:g}, expected batch "
+            f"{privacy['batch_size']} (Poisson), target ε = "
+            f"{privacy['target_epsilon']}, δ = {privacy['delta']:g}; steps "
+            f"per run: {' / '.join(map(str, privacy['steps']))}.",
+            "- Command: " + "; ".join(f"`{c}`" for c in summary["commands"]),
+            f"- Machine: `{machine.get('platform')}`, "
+            f"{machine.get('cpu_count')} CPUs, TensorFlow "
+            f"{machine.get('tensorflow')}; wall time "
+            f"{summary['wall_seconds'] / 3600:.2f} h over {summary['runs']} "
+            "runs (tuning and seeds).",
+            f"- Details (tuning grid, every run): [{files['report']}]"
+            f"({files['report']}).",
+            "",
+            f"![{summary['name']}: test accuracy vs step]({files['curves']})",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_index(output_dir):
+    """Rewrites output_dir/RESULTS.md from its RESULTS_<task>.json files."""
+    summaries = []
+    for task in experiments.TASKS:
+        path = os.path.join(output_dir, f"RESULTS_{task}.json")
+        if os.path.exists(path):
+            summaries.append(runs.read_json(path))
+    path = os.path.join(output_dir, "RESULTS.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_index(summaries))
+    return path
+
+
+def write_report(plan, output_dir, command, machine):
+    """Writes RESULTS_<task>.md, its two PNGs and its summary JSON, then
+    RESULTS.md (all tasks); returns the task's .md path."""
+    os.makedirs(output_dir, exist_ok=True)
+    records = experiments.collect(plan)
+    best = experiments.best_of_tuning(plan, records)
+    stem = f"RESULTS_{plan.task}"
+    pngs = {"curves": f"{stem}_curves.png", "tuning": f"{stem}_tuning.png"}
+    plots.plot_curves(os.path.join(output_dir, pngs["curves"]), plan,
+                      records, best)
+    plots.plot_tuning(os.path.join(output_dir, pngs["tuning"]), plan, records)
+    path = os.path.join(output_dir, f"{stem}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_markdown(plan=plan, records=records, best=best,
+                                command=command, machine=machine,
+                                plots=pngs))
+    summary = summary_record(plan, records, best, command, machine,
+                             {"report": f"{stem}.md", **pngs})
+    with open(os.path.join(output_dir, f"{stem}.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, ensure_ascii=False)
+    write_index(output_dir)
+    return path
+

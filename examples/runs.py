@@ -1,0 +1,225 @@
+"""One run of the experiments: its setting, its folder, reading it back.
+
+A run is one `common.TrainConfig` trained in a folder of its own (the
+`model_dir` of `examples.training.fit_private`, which writes metrics.json
+there). `execute` adds `reproduce.json` beside it (data, wall time, command,
+machine, "done") and on a second call reads the finished run back instead of
+retraining it; an interrupted run resumes from its checkpoint. A folder that
+holds a run of other hyperparameters or other data is refused
+(`check_run_dir`) rather than mixed in.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+
+from absl import logging
+
+METRICS = "metrics.json"
+SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One point of a grid. gamma: None for DP-SGD (it has none) and for
+    DP-AdamBC's default 0.04 * Phi."""
+
+    optimizer: str
+    learning_rate: float
+    gamma: float | None
+
+
+def format_gamma(setting):
+    """How the reports print the setting's gamma ("-": DP-SGD has none)."""
+    if setting.optimizer == "dpsgd":
+        return "-"
+    if setting.gamma is None:
+        return "0.04·Φ"
+    return f"{setting.gamma:g}"
+
+
+def format_percent(x):
+    """An accuracy fraction as a percentage with 2 decimals, or "n/a"."""
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.2f}"
+
+
+def format_seconds(x):
+    """Seconds without decimals, or "n/a"."""
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def run_name(setting, seed):
+    """The folder of one run, e.g. `dpadam_lr0.001_g1e-08_seed0`."""
+    name = f"{setting.optimizer}_lr{setting.learning_rate:g}"
+    if setting.optimizer != "dpsgd":
+        gamma = "phi" if setting.gamma is None else f"{setting.gamma:g}"
+        name += f"_g{gamma}"
+    return f"{name}_seed{seed}"
+
+
+def run_config(base, setting, seed, model_dir):
+    """The `TrainConfig` of one run.
+
+    The run's seed also keys its DP noise and Poisson sampling
+    (`noise_seed=seed`), unlike the binaries' secret default: these are
+    research reruns on public data, compared across seeds, and each must be
+    reproducible (anyone who knows the seed can remove the noise, so their
+    models are not private).
+    """
+    return dataclasses.replace(
+        base, optimizer=setting.optimizer,
+        learning_rate=setting.learning_rate, epsilon=setting.gamma, seed=seed,
+        noise_seed=seed, model_dir=model_dir,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A finished run, as read back from its model_dir."""
+
+    name: str
+    setting: Setting
+    seed: int
+    accuracy: float
+    epsilon: float
+    steps: int
+    num_examples: int
+    wall_seconds: float | None
+    resumed: bool
+    history: tuple  # (step, test accuracy) per evaluation.
+    command: str | None
+    machine: dict | None
+
+
+def comparable_config(config):
+    """The config as JSON values, without model_dir (runs may move)."""
+    values = json.loads(json.dumps(dataclasses.asdict(config)))
+    values.pop("model_dir", None)
+    return values
+
+
+def read_json(path):
+    """The JSON file at `path`, or None if there is none."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_run_dir(model_dir, config, data):
+    """Raises if `model_dir` holds a run of other hyperparameters or data."""
+    wanted = comparable_config(config)
+    for source in (read_json(os.path.join(model_dir, SIDECAR)),
+                   read_json(os.path.join(model_dir, METRICS))):
+        if source is None:
+            continue
+        if "config" in source and source["config"] is not None:
+            saved = dict(source["config"])
+            saved.pop("model_dir", None)
+            # Runs from before --noise_seed keyed their noise and sampling
+            # with the seed.
+            saved.setdefault("noise_seed", saved.get("seed"))
+            if saved != wanted:
+                diff = sorted(k for k in saved
+                              if saved.get(k) != wanted.get(k))
+                raise ValueError(
+                    f"{model_dir} holds a run with other hyperparameters "
+                    f"({', '.join(diff)}); use another --runs_dir.")
+        if "data" in source and source["data"] != data:
+            raise ValueError(
+                f"{model_dir} holds a run on other data ({source['data']} vs"
+                f" {data}); use another --runs_dir.")
+
+
+def load_record(model_dir, config, data):
+    """The finished run in `model_dir`, or None if it is not (yet) finished.
+
+    Finished: metrics.json of the same config reports all the planned steps,
+    and the sidecar file (`reproduce.json`: data, wall time, command,
+    machine) of the same data says "done". The record's setting and seed are
+    `config`'s (see `run_config`).
+    """
+    check_run_dir(model_dir, config, data)
+    metrics = read_json(os.path.join(model_dir, METRICS))
+    sidecar = read_json(os.path.join(model_dir, SIDECAR))
+    if (metrics is None or sidecar is None or sidecar.get("status") != "done"
+            or metrics["steps"] < metrics["planned_steps"]):
+        return None
+    history = tuple((int(r["step"]), float(r["val_accuracy"]))
+                    for r in metrics.get("history", [])
+                    if "val_accuracy" in r)
+    return Record(
+        name=os.path.basename(os.path.normpath(model_dir)),
+        setting=Setting(config.optimizer, config.learning_rate,
+                        config.epsilon),
+        seed=config.seed,
+        accuracy=float(metrics["test_accuracy"]),
+        epsilon=float(metrics["epsilon"]),
+        steps=int(metrics["steps"]),
+        num_examples=int(metrics["num_examples"]),
+        wall_seconds=sidecar.get("wall_seconds"),
+        resumed=bool(sidecar.get("resumed")),
+        history=history,
+        command=sidecar.get("command"),
+        machine=sidecar.get("machine"),
+    )
+
+def machine_info():
+    """The platform, CPUs and versions this process runs on."""
+    import keras
+    import tensorflow as tf
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+    }
+    if hasattr(os, "sched_getaffinity"):
+        info["usable_cpus"] = len(os.sched_getaffinity(0))
+    return info
+
+
+def execute(model_dir, config, *, data, train_fn, command, machine):
+    """Reads back the run in `model_dir`, or trains (or resumes) it.
+
+    Args:
+        model_dir: the run's folder (`config.model_dir`).
+        config: its `common.TrainConfig`.
+        data: what identifies its data (saved with it; a folder of other
+            data is refused).
+        train_fn: config -> results; called only if the run is not finished.
+        command, machine: saved with the run, for the reports.
+
+    Returns:
+        The finished `Record`.
+    """
+    record = load_record(model_dir, config, data)
+    if record is not None:
+        logging.info("%s: finished before, accuracy %.4f", record.name,
+                     record.accuracy)
+        return record
+    os.makedirs(model_dir, exist_ok=True)
+    sidecar = os.path.join(model_dir, SIDECAR)
+    resumed = os.path.exists(os.path.join(model_dir, "checkpoint.keras"))
+    state = {"config": comparable_config(config), "data": data,
+             "status": "running", "resumed": resumed}
+    with open(sidecar, "w") as f:
+        json.dump(state, f, indent=1)
+    logging.info("%s: training%s", os.path.basename(model_dir),
+                 " (resuming)" if resumed else "")
+    start = time.time()
+    train_fn(config)
+    state.update(status="done", wall_seconds=time.time() - start,
+                 command=command, machine=machine)
+    with open(sidecar, "w") as f:
+        json.dump(state, f, indent=1)
+    import keras  # Frees the finished run's graphs before the next one.
+
+    keras.backend.clear_session()
+    return load_record(model_dir, config, data)
