@@ -1,0 +1,154 @@
+"""examples/experiments.py: grids, plans and phases, on a fake training
+(no TensorFlow training) and on recorded runs (tests/testdata)."""
+
+import math
+import os
+import tempfile
+
+from absl.testing import absltest
+
+from examples import experiments
+from examples import runs
+from examples.runs import Setting
+from runs_test import copy_testdata
+from runs_test import fake_train_fn
+
+_GRIDS = {"dpsgd": (0.1, 1.0), "dpadam": (1e-3, 1e-2),
+          "dpadam_corrected": (1e-3, 1e-2)}
+_GAMMAS = {"dpadam": (1e-8,), "dpadam_corrected": (None,)}
+
+
+def recorded_plan(runs_dir):
+    """The plan of the recorded runs in tests/testdata/runs_fashion_mnist:
+    64 examples, B = 16, one epoch (4 steps), 2 x 3 settings, seeds 0, 1."""
+    base = experiments.base_config(
+        "fashion_mnist", batch_size=16, noise_multiplier=1.0,
+        target_epsilon=None, epochs=1.0, eval_every=2)
+    return experiments.make_plan(
+        "fashion_mnist", base=base, learning_rates=_GRIDS, gammas=_GAMMAS,
+        seeds=(0, 1), runs_dir=runs_dir,
+        data=experiments.data_spec("fashion_mnist"))
+
+
+class GridTest(absltest.TestCase):
+
+    def test_grids(self):
+        with self.assertRaisesRegex(ValueError, "numeric gammas"):
+            experiments.make_grid("dpadam", (1e-3,), (None,))
+        with self.assertRaisesRegex(ValueError, "learning rates > 0"):
+            experiments.make_grid("dpsgd", (0.0,))
+        grid = experiments.make_grid("dpadam_corrected", (1e-3, 1e-2),
+                                     (None, 1e-9))
+        self.assertLen(grid, 4)
+        # DP-SGD has no gamma: one setting per learning rate.
+        self.assertEqual(experiments.make_grid("dpsgd", (1.0,), (1e-8, 1e-9)),
+                         (Setting("dpsgd", 1.0, None),))
+        names = {runs.run_name(s, seed) for s in grid for seed in (0, 1)}
+        self.assertLen(names, 8)
+
+    def test_base_config_and_plan(self):
+        base = experiments.base_config("fashion_mnist")
+        self.assertEqual((base.noise_multiplier, base.batch_size, base.delta),
+                         (0.52, 256, 1e-5))
+        with self.assertRaisesRegex(ValueError, "epochs"):
+            experiments.base_config("fashion_mnist", target_epsilon=0)
+        plan = recorded_plan("/runs")
+        self.assertEqual((plan.tune_seed, plan.seeds), (0, (0, 1)))
+        config = experiments.planned_config(plan, Setting("dpsgd", 1.0, None),
+                                            1)
+        self.assertEqual(config.model_dir, "/runs/dpsgd_lr1_seed1")
+        with self.assertRaisesRegex(ValueError, "Repeated seeds"):
+            experiments.make_plan("fashion_mnist", base=base,
+                                  learning_rates=_GRIDS, gammas=_GAMMAS,
+                                  seeds=(0, 0), runs_dir="/r", data={})
+        with self.assertRaisesRegex(ValueError, "Unknown task"):
+            experiments.make_plan("mnist", base=base, learning_rates=_GRIDS,
+                                  gammas=_GAMMAS, seeds=(0,), runs_dir="/r",
+                                  data={})
+
+    def test_pick_best_per_optimizer(self):
+        scored = [
+            (Setting("dpsgd", 0.1, None), 0.60),
+            (Setting("dpsgd", 1.0, None), 0.72),   # Best DP-SGD.
+            (Setting("dpsgd", 10.0, None), math.nan),  # Diverged: never best.
+            (Setting("dpadam", 1e-3, 1e-8), 0.70),  # Tie: the first listed.
+            (Setting("dpadam", 1e-2, 1e-8), 0.70),
+            (Setting("dpadam_corrected", 1e-3, None), None),  # Missing.
+            (Setting("dpadam_corrected", 1e-2, None), 0.10),
+        ]
+        best = experiments.pick_best(scored)
+        self.assertEqual(best["dpsgd"], (Setting("dpsgd", 1.0, None), 0.72))
+        self.assertEqual(best["dpadam"][0], Setting("dpadam", 1e-3, 1e-8))
+        self.assertEqual(best["dpadam_corrected"][0],
+                         Setting("dpadam_corrected", 1e-2, None))
+        self.assertEmpty(experiments.pick_best([]))
+
+    def test_data_spec_and_train_fn_arguments(self):
+        self.assertEqual(experiments.data_spec("fashion_mnist", max_examples=5),
+                         {"task": "fashion_mnist", "dataset": "fashion_mnist",
+                          "max_examples": 5})
+        self.assertEqual(experiments.data_spec("sst2", sequence_length=32),
+                         {"task": "sst2", "dataset": "sst2_tsv",
+                          "max_examples": None, "max_test_examples": None,
+                          "preset": None, "sequence_length": 32,
+                          "cache_frozen": True})
+        with self.assertRaisesRegex(ValueError, "sst2 only"):
+            experiments.make_train_fn("fashion_mnist", max_test_examples=5)
+        with self.assertRaisesRegex(ValueError, "Unknown task"):
+            experiments.make_train_fn("mnist")
+
+
+class RecordedRunsTest(absltest.TestCase):
+
+    def test_collect_and_best_of_tuning(self):
+        plan = recorded_plan(copy_testdata("runs_fashion_mnist"))
+        records = experiments.collect(plan)
+        self.assertLen(records, 9)  # 6 tuning runs, 3 more seeds of the best.
+        best = experiments.best_of_tuning(plan, records)
+        for name, grid in plan.grids.items():
+            top = max(records[runs.run_name(s, 0)].accuracy for s in grid)
+            self.assertEqual(records[runs.run_name(best[name], 0)].accuracy,
+                             top)
+            self.assertIn(runs.run_name(best[name], 1), records)
+
+
+class PhasesTest(absltest.TestCase):
+
+    def test_tune_then_seeds_then_nothing_left(self):
+        plan = recorded_plan(os.path.join(tempfile.mkdtemp(), "runs"))
+        calls = []
+        # The larger the learning rate, the better (DP-SGD: 1.0).
+        train_fn = fake_train_fn(lambda c: min(0.9, c.learning_rate), calls)
+        kwargs = dict(command="python -m examples.reproduce",
+                      machine={"platform": "test"})
+        with self.assertRaisesRegex(ValueError, "--phase=tune first"):
+            experiments.run_phase(plan, train_fn, "seeds", **kwargs)
+        experiments.run_phase(plan, train_fn, "tune", **kwargs)
+        self.assertLen(calls, 6)
+        self.assertEqual({c.seed for c in calls}, {0})
+        experiments.run_phase(plan, train_fn, "seeds", **kwargs)
+        # Seed 1 of each best setting; its seed 0 is the tuning run.
+        self.assertEqual(
+            [(c.optimizer, c.learning_rate, c.seed) for c in calls[6:]],
+            [("dpsgd", 1.0, 1), ("dpadam", 1e-2, 1),
+             ("dpadam_corrected", 1e-2, 1)])
+        for phase in ("all", "report"):
+            experiments.run_phase(plan, None, phase, **kwargs)
+        self.assertLen(calls, 9)
+        with self.assertRaisesRegex(ValueError, "Unknown phase"):
+            experiments.run_phase(plan, None, "everything", **kwargs)
+
+    def test_runs_on_other_data_are_refused_before_training(self):
+        runs_dir = copy_testdata("runs_fashion_mnist")
+        plan = recorded_plan(runs_dir)
+        other = experiments.make_plan(
+            "fashion_mnist", base=plan.base, learning_rates=_GRIDS,
+            gammas=_GAMMAS, seeds=(0,), runs_dir=runs_dir,
+            data=experiments.data_spec("fashion_mnist", max_examples=32))
+        with self.assertRaisesRegex(ValueError, "other data"):
+            experiments.run_phase(other, None, "tune", command="x",
+                                  machine={})
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,163 @@
+"""examples/runs.py: a run folder is written once, read back, resumed, and
+refused when it holds another run; on recorded runs and a fake training."""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+from absl.testing import absltest
+
+from examples import experiments
+from examples import runs
+from examples.runs import Setting
+
+_TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "testdata")
+_BC = Setting("dpadam_corrected", 1e-3, None)
+_DATA = {"task": "fashion_mnist", "dataset": "fashion_mnist",
+         "max_examples": None}
+
+
+def fake_train_fn(accuracy, calls=None):
+    """A train_fn that writes the metrics.json of a finished 4-step run
+    (evaluated at steps 2 and 4) with `accuracy(config)`, without training."""
+    def train_fn(config):
+        if calls is not None:
+            calls.append(config)
+        value = accuracy(config)
+        results = {
+            "config": dataclasses.asdict(config), "num_examples": 64,
+            "steps": 4, "planned_steps": 4, "epsilon": 4.87, "delta": 1e-5,
+            "test_accuracy": value, "test_loss": 1.0, "wall_seconds": 0.1,
+            "history": [{"step": 2, "val_accuracy": value / 2},
+                        {"step": 4, "val_accuracy": value}],
+        }
+        os.makedirs(config.model_dir, exist_ok=True)
+        with open(os.path.join(config.model_dir, "metrics.json"), "w") as f:
+            json.dump(results, f)
+        return results
+    return train_fn
+
+
+def _config(model_dir, setting=_BC, seed=0):
+    base = experiments.base_config("fashion_mnist", batch_size=16,
+                                   target_epsilon=None, epochs=1.0)
+    return runs.run_config(base, setting, seed, model_dir)
+
+
+class NamesTest(absltest.TestCase):
+
+    def test_run_names_and_gammas(self):
+        adam = Setting("dpadam", 1e-3, 1e-8)
+        self.assertEqual(runs.run_name(adam, 2), "dpadam_lr0.001_g1e-08_seed2")
+        self.assertEqual(runs.run_name(_BC, 0),
+                         "dpadam_corrected_lr0.001_gphi_seed0")
+        self.assertEqual(runs.run_name(Setting("dpsgd", 4.0, None), 1),
+                         "dpsgd_lr4_seed1")
+        self.assertEqual(
+            [runs.format_gamma(s) for s in (Setting("dpsgd", 1.0, None), _BC,
+                                            adam)],
+            ["-", "0.04·Φ", "1e-08"])
+        self.assertEqual(runs.format_percent(0.81234), "81.23")
+        self.assertEqual(runs.format_percent(float("nan")), "n/a")
+        self.assertEqual(runs.format_seconds(None), "n/a")
+
+    def test_run_config_keys_the_noise_with_the_seed(self):
+        config = _config("/tmp/x", seed=3)
+        self.assertEqual((config.optimizer, config.learning_rate,
+                          config.epsilon, config.seed, config.noise_seed,
+                          config.model_dir),
+                         ("dpadam_corrected", 1e-3, None, 3, 3, "/tmp/x"))
+
+
+class RunFolderTest(absltest.TestCase):
+
+    def test_recorded_run_reads_back(self):
+        model_dir = os.path.join(_TESTDATA, "runs_fashion_mnist",
+                                 "dpsgd_lr1_seed0")
+        base = experiments.base_config(
+            "fashion_mnist", batch_size=16, noise_multiplier=1.0,
+            target_epsilon=None, epochs=1.0, eval_every=2)
+        setting = Setting("dpsgd", 1.0, None)
+        record = runs.load_record(
+            model_dir, runs.run_config(base, setting, 0, model_dir), _DATA)
+        self.assertEqual((record.name, record.setting, record.seed,
+                          record.steps, record.num_examples),
+                         ("dpsgd_lr1_seed0", setting, 0, 4, 64))
+        self.assertEqual(record.accuracy, 0.21875)
+        self.assertEqual(record.history, ((2, 0.0), (4, 0.21875)))
+        self.assertEqual(record.command, "python -m examples.reproduce")
+        self.assertFalse(record.resumed)
+
+    def test_execute_trains_once_then_reads_back(self):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        config = _config(model_dir)
+        calls = []
+        train_fn = fake_train_fn(lambda c: 0.75, calls)
+        kwargs = dict(data=_DATA, command="python -m x",
+                      machine={"platform": "p"})
+        self.assertIsNone(runs.load_record(model_dir, config, _DATA))
+        record = runs.execute(model_dir, config, train_fn=train_fn, **kwargs)
+        self.assertEqual((record.accuracy, record.command), (0.75, "python -m x"))
+        self.assertEqual(record.machine, {"platform": "p"})
+        again = runs.execute(model_dir, config, train_fn=None, **kwargs)
+        self.assertEqual(again, record)
+        self.assertLen(calls, 1)
+
+    def test_interrupted_run_is_trained_again_as_resumed(self):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        config = _config(model_dir)
+        os.makedirs(model_dir)
+        # A session that stopped after its first checkpoint.
+        with open(os.path.join(model_dir, runs.SIDECAR), "w") as f:
+            json.dump({"config": runs.comparable_config(config),
+                       "data": _DATA, "status": "running"}, f)
+        open(os.path.join(model_dir, "checkpoint.keras"), "w").close()
+        self.assertIsNone(runs.load_record(model_dir, config, _DATA))
+        record = runs.execute(model_dir, config,
+                              train_fn=fake_train_fn(lambda c: 0.5),
+                              data=_DATA, command="x", machine={})
+        self.assertTrue(record.resumed)
+
+    def test_other_hyperparameters_or_data_are_refused(self):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        config = _config(model_dir)
+        runs.execute(model_dir, config, train_fn=fake_train_fn(lambda c: 0.5),
+                     data=_DATA, command="x", machine={})
+        other = dataclasses.replace(config, learning_rate=1e-2)
+        with self.assertRaisesRegex(ValueError, r"other hyperparameters "
+                                                r"\(learning_rate\)"):
+            runs.check_run_dir(model_dir, other, _DATA)
+        with self.assertRaisesRegex(ValueError, "other data"):
+            runs.load_record(model_dir, config, dict(_DATA, max_examples=32))
+
+    def test_runs_from_before_noise_seed_are_the_same_run(self):
+        # Their config has no noise_seed; their seed keyed the noise.
+        model_dir = tempfile.mkdtemp()
+        config = _config(model_dir, seed=3)
+        saved = dataclasses.asdict(config)
+        del saved["noise_seed"]
+        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+            json.dump({"config": saved}, f)
+        runs.check_run_dir(model_dir, config, data=None)
+        other = dataclasses.replace(config, noise_seed=4)
+        with self.assertRaisesRegex(ValueError, "noise_seed"):
+            runs.check_run_dir(model_dir, other, data=None)
+
+    def test_machine_info(self):
+        info = runs.machine_info()
+        for key in ("platform", "cpu_count", "python", "tensorflow", "keras"):
+            self.assertIn(key, info)
+
+
+def copy_testdata(name):
+    """A scratch copy of tests/testdata/<name> (a folder of run folders)."""
+    target = os.path.join(tempfile.mkdtemp(), name)
+    shutil.copytree(os.path.join(_TESTDATA, name), target)
+    return target
+
+
+if __name__ == "__main__":
+    absltest.main()
