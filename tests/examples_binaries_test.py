@@ -1,6 +1,5 @@
 """Every example binary runs a few DP steps on tiny or mock data."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -11,7 +10,6 @@ from unittest import mock
 import numpy as np
 import tensorflow_datasets as tfds
 import keras
-from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 
@@ -20,7 +18,6 @@ from examples import common
 from examples import datasets
 from examples import diagnostics
 from examples import models
-from examples import reproduce
 from examples import train_image
 from examples import train_text
 
@@ -60,31 +57,6 @@ class ImageBinaryTest(absltest.TestCase):
             results = train_image.run("cifar10", None, more)
         self.assertEqual(results["steps"], 6)
         self.assertEqual([r["step"] for r in results["history"]], [2, 4, 6])
-
-    def test_training_accuracy_ignores_the_poisson_padding(self):
-        # A model that always says class 1, on examples all of class 1: the
-        # padding rows (label 0, weight 0) must not count as mistakes.
-        import keras
-
-        def model_fn():
-            model = keras.Sequential([
-                keras.Input((3,)),
-                keras.layers.Dense(2, kernel_initializer="zeros",
-                                   bias_initializer=keras.initializers
-                                   .Constant([0.0, 100.0])),
-            ])
-            return model
-
-        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
-        y = np.ones(64, "int64")
-        config = _config(optimizer="dpsgd", learning_rate=1e-6,
-                         physical_batch_size=32, epochs=4 * 16 / 64)
-        results = common.fit_private(
-            model_fn, (x, y), (x, y), config,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        self.assertEqual([r["accuracy"] for r in results["history"]],
-                         [1.0, 1.0])
-        self.assertEqual(results["test_accuracy"], 1.0)
 
     def test_target_epsilon_stops_at_the_calibrated_step(self):
         config = _config(
@@ -219,122 +191,36 @@ class TextBinaryTest(absltest.TestCase):
         self.assertEqual(results["steps"], 2)
 
 
-def _tiny_data(n=64):
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(n, 3)).astype("float32"),
-            rng.integers(0, 2, size=n))
+class DiagnosticsBinaryTest(absltest.TestCase):
 
-
-def _tiny_model():
-    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-
-
-class NoiseSeedTest(absltest.TestCase):
-    """--seed sets the model and data order; --noise_seed the noise and batches."""
-
-    def fit(self, noise_seed):
-        """The weights after 2 steps at seed 0, and the seeds the library got."""
-        data = _tiny_data()
-        trained = []
-        with mock.patch.object(
-                tf_dpadam.data, "poisson_batches",
-                wraps=tf_dpadam.data.poisson_batches) as sampling, \
-                mock.patch.object(tf_dpadam, "make_private",
-                                  wraps=tf_dpadam.make_private) as private:
-            common.fit_private(
-                _tiny_model, data, data,
-                _config(epochs=2 * 16 / 64, noise_seed=noise_seed),
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True),
-                on_trained=lambda model: trained.append(model.get_weights()))
-        return (trained[0], sampling.call_args.kwargs["seed"],
-                private.call_args.kwargs["seed"])
-
-    def test_default_noise_and_sampling_are_secret(self):
-        first, sampling_seed, noise_seed = self.fit(None)
-        self.assertIsNone(sampling_seed)
-        self.assertIsNone(noise_seed)
-        # Same --seed (model and data), other noise and batches.
-        second = self.fit(None)[0]
-        self.assertFalse(all(np.array_equal(a, b)
-                             for a, b in zip(first, second)))
-
-    def test_noise_seed_makes_a_run_reproducible(self):
-        runs = []
-        for _ in range(2):
-            with self.assertWarnsRegex(UserWarning, "explicit seed=5"):
-                runs.append(self.fit(5))
-        self.assertEqual(runs[0][1:], (5, 5))
-        for a, b in zip(runs[0][0], runs[1][0]):
-            np.testing.assert_array_equal(a, b)
-
-    def test_diagnostics_key_noise_and_sampling_with_noise_seed(self):
-        data = _tiny_data()
+    def test_train_with_diagnostics_snapshots_and_keys_the_noise(self):
+        rng = np.random.default_rng(0)
+        data = (rng.normal(size=(64, 3)).astype("float32"),
+                rng.integers(0, 2, size=64))
         config = _config(optimizer="dpadam", epsilon=1e-8,
-                         epochs=1 * 16 / 64, seed=0, noise_seed=4)
+                         epochs=3 * 16 / 64, eval_every=1, noise_seed=4)
         with mock.patch.object(
                 tf_dpadam.data, "poisson_batches",
                 wraps=tf_dpadam.data.poisson_batches) as sampling, \
                 mock.patch.object(tf_dpadam, "make_private",
                                   wraps=tf_dpadam.make_private) as private, \
                 self.assertWarnsRegex(UserWarning, "explicit seed=4"):
-            diagnostics.train_with_diagnostics(_tiny_model, data, data,
-                                               config, report_steps=())
+            moments, results = diagnostics.train_with_diagnostics(
+                lambda: keras.Sequential([keras.Input((3,)),
+                                          keras.layers.Dense(2)]),
+                data, data, config, report_steps=(1, 10))
         self.assertEqual(sampling.call_args.kwargs["seed"], 4)
         self.assertEqual(private.call_args.kwargs["seed"], 4)
-
-    def test_research_reruns_key_noise_with_their_seed(self):
-        base = reproduce.base_config("fashion_mnist")
-        setting = reproduce.Setting("dpadam_corrected", 1e-3, None)
-        model_dir = tempfile.mkdtemp()
-        config = reproduce.run_config(base, setting, 3, model_dir)
-        self.assertEqual((config.seed, config.noise_seed), (3, 3))
-        # A run dir from before --noise_seed (its config has no noise_seed;
-        # its seed keyed the noise) is the same run; another seed is not.
-        saved = dataclasses.asdict(config)
-        del saved["noise_seed"]
-        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
-            json.dump({"config": saved}, f)
-        reproduce.check_run_dir(model_dir, config, data=None)
-        other = dataclasses.replace(config, noise_seed=4)
-        with self.assertRaisesRegex(ValueError, "noise_seed"):
-            reproduce.check_run_dir(model_dir, other, data=None)
-
-
-class DefaultsTest(absltest.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        if "optimizer" not in flags.FLAGS:
-            common.define_flags()  # The binaries define them in __main__.
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-
-    def test_paper_defaults_per_optimizer(self):
-        with flagsaver.flagsaver(optimizer="dpsgd"):
-            config = common.config_from_flags("cifar10")
-        self.assertEqual((config.learning_rate, config.batch_size), (4.0, 2048))
-        with flagsaver.flagsaver(optimizer="dpadam_corrected"):
-            config = common.config_from_flags("snli")
-        self.assertEqual(
-            (config.l2_norm_clip, config.noise_multiplier, config.epsilon,
-             config.learning_rate),
-            (0.1, 0.4, 1e-9, 1e-3),
-        )
-        with flagsaver.flagsaver(optimizer="dpadam_corrected", epsilon="none"):
-            config = common.config_from_flags("cifar10")
-        self.assertIsNone(config.epsilon)
-
-    def test_noise_seed_is_secret_unless_given(self):
-        with flagsaver.flagsaver(seed=3):
-            config = common.config_from_flags("cifar10")
-        self.assertEqual((config.seed, config.noise_seed), (3, None))
-        with flagsaver.flagsaver(seed=3, noise_seed=5):
-            config = common.config_from_flags("cifar10")
-        self.assertEqual((config.seed, config.noise_seed), (3, 5))
-        self.assertIn("not of the DP noise", flags.FLAGS["seed"].help)
-        self.assertIn("anyone who knows it can remove the noise",
-                      flags.FLAGS["noise_seed"].help)
+        self.assertTrue(private.call_args.kwargs["diagnostics"])
+        # Step 1 and the last step (10 is past it); it stops at step 3.
+        self.assertEqual(sorted(moments.snapshots), [1, 3])
+        self.assertEqual(results["steps"], 3)
+        self.assertEqual(results["num_parameters"], 3 * 2 + 2)
+        # Physical batches of 8 for an expected batch of 16 (and its
+        # Poisson headroom): several per step.
+        self.assertGreaterEqual(results["accumulation_steps"], 2)
+        for key in ("capacity", "epsilon", "test_accuracy", "wall_seconds"):
+            self.assertIn(key, results)
 
 
 if __name__ == "__main__":

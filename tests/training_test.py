@@ -1,0 +1,130 @@
+"""examples/training.py: the examples' one training loop on tiny data."""
+
+import json
+import os
+import tempfile
+from unittest import mock
+
+import keras
+import numpy as np
+from absl.testing import absltest
+
+import tf_dpadam
+from examples import common
+from examples import training
+
+
+def _config(**overrides):
+    values = dict(
+        optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
+        batch_size=16, physical_batch_size=8, learning_rate=1e-3,
+        epsilon=None, phi=None, beta_1=0.9, beta_2=0.999, momentum=0.0,
+        target_epsilon=None, delta=1e-5, epochs=None, eval_every=2,
+        model_dir=None, seed=0, jit_compile=False,
+    )
+    values.update(overrides)
+    return common.TrainConfig(**values)
+
+
+class LoopTest(absltest.TestCase):
+
+    def test_training_accuracy_ignores_the_poisson_padding(self):
+        # A model that always says class 1, on examples all of class 1: the
+        # padding rows (label 0, weight 0) must not count as mistakes.
+        import keras
+
+        def model_fn():
+            model = keras.Sequential([
+                keras.Input((3,)),
+                keras.layers.Dense(2, kernel_initializer="zeros",
+                                   bias_initializer=keras.initializers
+                                   .Constant([0.0, 100.0])),
+            ])
+            return model
+
+        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+        y = np.ones(64, "int64")
+        config = _config(optimizer="dpsgd", learning_rate=1e-6,
+                         physical_batch_size=32, epochs=4 * 16 / 64)
+        results = training.fit_private(
+            model_fn, (x, y), (x, y), config,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        self.assertEqual([r["accuracy"] for r in results["history"]],
+                         [1.0, 1.0])
+        self.assertEqual(results["test_accuracy"], 1.0)
+
+    def test_resume_keeps_the_curve_and_stop_at_step(self):
+        x, y = _tiny_data()
+        model_dir = tempfile.mkdtemp()
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        # 64 examples, B = 16: 4 steps per epoch; 2 steps, then resumed to 4.
+        first = training.fit_private(
+            _tiny_model, (x, y), (x, y),
+            _config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
+        self.assertEqual([r["step"] for r in first["history"]], [2])
+        second = training.fit_private(
+            _tiny_model, (x, y), (x, y),
+            _config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
+        self.assertEqual([r["step"] for r in second["history"]], [2, 4])
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            self.assertEqual(json.load(f)["history"], second["history"])
+        # StopAtStep ends an epoch early; no validation: no val_ metrics.
+        _, _, results = training.train_private(
+            _tiny_model, (x, y), (x, y), _config(epochs=4 * 16 / 64), loss,
+            callbacks=[training.StopAtStep(3)], validate=False)
+        self.assertEqual((results["steps"], results["planned_steps"]), (3, 4))
+        self.assertNotIn("val_accuracy", results["history"][0])
+
+
+def _tiny_data(n=64):
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n, 3)).astype("float32"),
+            rng.integers(0, 2, size=n))
+
+
+def _tiny_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+class NoiseSeedTest(absltest.TestCase):
+    """--seed sets the model and data order; --noise_seed the noise and batches."""
+
+    def fit(self, noise_seed):
+        """The weights after 2 steps at seed 0, and the seeds the library got."""
+        data = _tiny_data()
+        trained = []
+        with mock.patch.object(
+                tf_dpadam.data, "poisson_batches",
+                wraps=tf_dpadam.data.poisson_batches) as sampling, \
+                mock.patch.object(tf_dpadam, "make_private",
+                                  wraps=tf_dpadam.make_private) as private:
+            training.fit_private(
+                _tiny_model, data, data,
+                _config(epochs=2 * 16 / 64, noise_seed=noise_seed),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                on_trained=lambda model: trained.append(model.get_weights()))
+        return (trained[0], sampling.call_args.kwargs["seed"],
+                private.call_args.kwargs["seed"])
+
+    def test_default_noise_and_sampling_are_secret(self):
+        first, sampling_seed, noise_seed = self.fit(None)
+        self.assertIsNone(sampling_seed)
+        self.assertIsNone(noise_seed)
+        # Same --seed (model and data), other noise and batches.
+        second = self.fit(None)[0]
+        self.assertFalse(all(np.array_equal(a, b)
+                             for a, b in zip(first, second)))
+
+    def test_noise_seed_makes_a_run_reproducible(self):
+        runs = []
+        for _ in range(2):
+            with self.assertWarnsRegex(UserWarning, "explicit seed=5"):
+                runs.append(self.fit(5))
+        self.assertEqual(runs[0][1:], (5, 5))
+        for a, b in zip(runs[0][0], runs[1][0]):
+            np.testing.assert_array_equal(a, b)
+
+
+if __name__ == "__main__":
+    absltest.main()
