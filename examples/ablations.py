@@ -124,7 +124,7 @@ def run_ablations(names, *, base, sweeps, seed, spread_seeds, runs_dir, data,
     Args:
         names: ablations to train (a subset of `ABLATIONS`); the report
             shows all of them.
-        base: the shared `TrainConfig` (e.g. `experiments.base_config`).
+        base: the shared `TrainConfig` (e.g. `common.base_config`).
         sweeps: the `ablation_sweeps.Sweeps`.
         seed: seed of the ablation runs.
         spread_seeds: extra seeds of the reference arm (trained last).
@@ -171,15 +171,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     try:
-        base = experiments.base_config(
-            experiments.TASKS[TASK]["dataset"],
-            l2_norm_clip=FLAGS.l2_norm_clip,
-            noise_multiplier=FLAGS.noise_multiplier,
-            batch_size=FLAGS.batch_size,
-            physical_batch_size=FLAGS.physical_batch_size,
-            target_epsilon=FLAGS.target_epsilon, delta=FLAGS.delta,
-            epochs=FLAGS.epochs, eval_every=FLAGS.eval_every,
-            jit_compile=FLAGS.jit_compile)
+        base = shared_flags.base_config_from_flags(
+            experiments.TASKS[TASK]["dataset"])
         sweeps = ablation_sweeps.Sweeps(
             phi_multiples=shared_flags.parse_floats(FLAGS.phi_multiples),
             gammas=shared_flags.parse_gammas(FLAGS.gammas),

@@ -75,6 +75,41 @@ class TrainConfig:
     noise_seed: int | None = None
 
 
+def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
+                batch_size=None, physical_batch_size=None,
+                target_epsilon=7.0, delta=1e-5, epochs=None, eval_every=50,
+                jit_compile=False):
+    """The hyperparameters all runs share; None: PAPER_DEFAULTS[dataset]."""
+    defaults = PAPER_DEFAULTS[dataset]
+    target_epsilon = target_epsilon or None
+    if target_epsilon is None and epochs is None:
+        raise ValueError("Give target_epsilon > 0 or epochs.")
+
+    def pick(value, key):
+        return defaults[key] if value is None else value
+
+    return TrainConfig(
+        optimizer="dpsgd",  # Placeholders, replaced per run.
+        learning_rate=defaults["learning_rate"]["dpsgd"],
+        epsilon=None,
+        seed=0,
+        model_dir=None,
+        l2_norm_clip=pick(l2_norm_clip, "l2_norm_clip"),
+        noise_multiplier=pick(noise_multiplier, "noise_multiplier"),
+        batch_size=pick(batch_size, "batch_size"),
+        physical_batch_size=physical_batch_size,
+        phi=None,
+        beta_1=0.9,
+        beta_2=0.999,
+        momentum=0.0,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        epochs=epochs,
+        eval_every=eval_every,
+        jit_compile=jit_compile,
+    )
+
+
 def make_optimizer(config, accumulation_steps=1):
     """The tf_dpadam optimizer that `config` names."""
     common = dict(

@@ -86,41 +86,6 @@ def make_grid(optimizer, learning_rates, gammas=(None,)):
                  for g in gammas for lr in learning_rates)
 
 
-def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
-                batch_size=None, physical_batch_size=None,
-                target_epsilon=7.0, delta=1e-5, epochs=None, eval_every=50,
-                jit_compile=False):
-    """The hyperparameters all runs share; None: PAPER_DEFAULTS[dataset]."""
-    defaults = common.PAPER_DEFAULTS[dataset]
-    target_epsilon = target_epsilon or None
-    if target_epsilon is None and epochs is None:
-        raise ValueError("Give target_epsilon > 0 or epochs.")
-
-    def pick(value, key):
-        return defaults[key] if value is None else value
-
-    return common.TrainConfig(
-        optimizer="dpsgd",  # Placeholders, replaced by `runs.run_config`.
-        learning_rate=defaults["learning_rate"]["dpsgd"],
-        epsilon=None,
-        seed=0,
-        model_dir=None,
-        l2_norm_clip=pick(l2_norm_clip, "l2_norm_clip"),
-        noise_multiplier=pick(noise_multiplier, "noise_multiplier"),
-        batch_size=pick(batch_size, "batch_size"),
-        physical_batch_size=physical_batch_size,
-        phi=None,
-        beta_1=0.9,
-        beta_2=0.999,
-        momentum=0.0,
-        target_epsilon=target_epsilon,
-        delta=delta,
-        epochs=epochs,
-        eval_every=eval_every,
-        jit_compile=jit_compile,
-    )
-
-
 def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data):
     """A `Plan`; learning_rates / gammas: optimizer -> values."""
     if task not in TASKS:

@@ -124,14 +124,7 @@ def main(argv):
     dataset = experiments.TASKS[task]["dataset"]
     paper_gamma = common.PAPER_DEFAULTS[dataset]["epsilon"]
     try:
-        base = experiments.base_config(
-            dataset, l2_norm_clip=FLAGS.l2_norm_clip,
-            noise_multiplier=FLAGS.noise_multiplier,
-            batch_size=FLAGS.batch_size,
-            physical_batch_size=FLAGS.physical_batch_size,
-            target_epsilon=FLAGS.target_epsilon, delta=FLAGS.delta,
-            epochs=FLAGS.epochs, eval_every=FLAGS.eval_every,
-            jit_compile=FLAGS.jit_compile)
+        base = shared_flags.base_config_from_flags(dataset)
         learning_rates = {
             name: shared_flags.parse_floats(values) if values is not None
             else experiments.DEFAULT_LEARNING_RATES[name]

@@ -117,6 +117,18 @@ def config_from_flags(task, flag_values=None):
     )
 
 
+def base_config_from_flags(dataset, flag_values=None):
+    """`common.base_config` of the DP flags (`define_dp_flags`): the
+    hyperparameters that the runs of an experiment share."""
+    f = flag_values or flags.FLAGS
+    return common.base_config(
+        dataset, l2_norm_clip=f.l2_norm_clip,
+        noise_multiplier=f.noise_multiplier, batch_size=f.batch_size,
+        physical_batch_size=f.physical_batch_size,
+        target_epsilon=f.target_epsilon, delta=f.delta, epochs=f.epochs,
+        eval_every=f.eval_every, jit_compile=f.jit_compile)
+
+
 def parse_floats(values):
     """Floats of a list flag; a ValueError names the bad value."""
     result = []

@@ -5,6 +5,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from examples import ablation_sweeps
+from examples import common
 from examples import experiments
 from examples.ablation_sweeps import Arm
 from runs_test import copy_testdata
@@ -107,7 +108,7 @@ class SweptValuesTest(parameterized.TestCase):
         self.assertEqual(ablation_sweeps.variant_name(
             Arm("dpadam", 1e-2, 1e-8, beta_1=0.99, beta_2=0.9999)),
             "b1_0.99_b2_0.9999")
-        base = experiments.base_config("fashion_mnist")
+        base = common.base_config("fashion_mnist")
         config = ablation_sweeps.arm_config(
             Arm("dpadam_corrected", 1e-3, 2e-7, phi_multiple=0.1,
                 beta_1=0.9, beta_2=0.99),
@@ -122,7 +123,7 @@ class SweptValuesTest(parameterized.TestCase):
                          ("dpadam_corrected", 1e-3, 2e-7, 0.9, 0.99, 3, 3))
 
     def test_collect_the_recorded_runs(self):
-        base = experiments.base_config(
+        base = common.base_config(
             "fashion_mnist", batch_size=16, noise_multiplier=1.0,
             target_epsilon=None, epochs=0.5, eval_every=2)
         sweeps = ablation_sweeps.Sweeps(

@@ -8,6 +8,7 @@ from absl.testing import absltest
 
 from examples import ablation_sweeps
 from examples import ablations_report
+from examples import common
 from examples import experiments
 from runs_test import copy_testdata
 
@@ -22,7 +23,7 @@ _MACHINE = {"platform": "Linux-recorded", "cpu_count": 2, "python": "3.11",
 def recorded_ablations(runs_dir):
     """The write_report arguments of the recorded runs in
     tests/testdata/runs_ablations: 64 images, B = 16, 2 steps, seed 0."""
-    base = experiments.base_config(
+    base = common.base_config(
         "fashion_mnist", batch_size=16, noise_multiplier=1.0,
         target_epsilon=None, epochs=0.5, eval_every=2)
     sweeps = ablation_sweeps.Sweeps(

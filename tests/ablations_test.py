@@ -10,6 +10,7 @@ from absl.testing import flagsaver
 
 from examples import ablation_sweeps
 from examples import ablations
+from examples import common
 from examples import experiments
 from runs_test import fake_train_fn
 
@@ -18,7 +19,7 @@ class PipelineTest(absltest.TestCase):
 
     def test_ablations_train_each_distinct_run_once(self):
         work = tempfile.mkdtemp()
-        base = experiments.base_config(
+        base = common.base_config(
             "fashion_mnist", batch_size=16, noise_multiplier=1.0,
             target_epsilon=None, epochs=1.0, eval_every=2)
         sweeps = ablation_sweeps.Sweeps(
@@ -76,7 +77,7 @@ class PipelineTest(absltest.TestCase):
     def test_notrain_only_writes_the_report(self):
         work = tempfile.mkdtemp()
         path = ablations.run_ablations(
-            ("phi",), base=experiments.base_config("fashion_mnist"),
+            ("phi",), base=common.base_config("fashion_mnist"),
             sweeps=ablation_sweeps.Sweeps(), seed=0, spread_seeds=(),
             runs_dir=os.path.join(work, "runs"), data={},
             train_fn=None, output_dir=work, command="x", machine={},

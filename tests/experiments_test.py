@@ -7,6 +7,7 @@ import tempfile
 
 from absl.testing import absltest
 
+from examples import common
 from examples import experiments
 from examples import runs
 from examples.runs import Setting
@@ -21,7 +22,7 @@ _GAMMAS = {"dpadam": (1e-8,), "dpadam_corrected": (None,)}
 def recorded_plan(runs_dir):
     """The plan of the recorded runs in tests/testdata/runs_fashion_mnist:
     64 examples, B = 16, one epoch (4 steps), 2 x 3 settings, seeds 0, 1."""
-    base = experiments.base_config(
+    base = common.base_config(
         "fashion_mnist", batch_size=16, noise_multiplier=1.0,
         target_epsilon=None, epochs=1.0, eval_every=2)
     return experiments.make_plan(
@@ -47,11 +48,11 @@ class GridTest(absltest.TestCase):
         self.assertLen(names, 8)
 
     def test_base_config_and_plan(self):
-        base = experiments.base_config("fashion_mnist")
+        base = common.base_config("fashion_mnist")
         self.assertEqual((base.noise_multiplier, base.batch_size, base.delta),
                          (0.52, 256, 1e-5))
         with self.assertRaisesRegex(ValueError, "epochs"):
-            experiments.base_config("fashion_mnist", target_epsilon=0)
+            common.base_config("fashion_mnist", target_epsilon=0)
         plan = recorded_plan("/runs")
         self.assertEqual((plan.tune_seed, plan.seeds), (0, (0, 1)))
         config = experiments.planned_config(plan, Setting("dpsgd", 1.0, None),

@@ -12,6 +12,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import flagsaver
 
+from examples import common
 from examples import experiments
 from examples import reproduce
 from examples import runs
@@ -47,7 +48,7 @@ class PipelineTest(absltest.TestCase):
         runs_dir = os.path.join(work, "runs")
         output_dir = os.path.join(work, "docs")
         # 64 examples, B = 16, one epoch: 4 steps, evaluated at 2 and 4.
-        base = experiments.base_config(
+        base = common.base_config(
             "fashion_mnist", batch_size=16, noise_multiplier=1.0,
             target_epsilon=None, epochs=1.0, eval_every=2)
         plan = experiments.make_plan(

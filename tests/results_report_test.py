@@ -9,6 +9,7 @@ import tempfile
 
 from absl.testing import absltest
 
+from examples import common
 from examples import experiments
 from examples import results_report
 from examples import runs
@@ -87,7 +88,7 @@ class RecordedRunsTest(absltest.TestCase):
 class HandMadeRecordsTest(absltest.TestCase):
 
     def test_render_markdown(self):
-        base = experiments.base_config("fashion_mnist")
+        base = common.base_config("fashion_mnist")
         plan = experiments.make_plan(
             "fashion_mnist", base=base,
             learning_rates={"dpsgd": (1.0,), "dpadam": (1e-3,),

@@ -9,7 +9,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import experiments
+from examples import common
 from examples import runs
 from examples.runs import Setting
 
@@ -42,7 +42,7 @@ def fake_train_fn(accuracy, calls=None):
 
 
 def _config(model_dir, setting=_BC, seed=0):
-    base = experiments.base_config("fashion_mnist", batch_size=16,
+    base = common.base_config("fashion_mnist", batch_size=16,
                                    target_epsilon=None, epochs=1.0)
     return runs.run_config(base, setting, seed, model_dir)
 
@@ -77,7 +77,7 @@ class RunFolderTest(absltest.TestCase):
     def test_recorded_run_reads_back(self):
         model_dir = os.path.join(_TESTDATA, "runs_fashion_mnist",
                                  "dpsgd_lr1_seed0")
-        base = experiments.base_config(
+        base = common.base_config(
             "fashion_mnist", batch_size=16, noise_multiplier=1.0,
             target_epsilon=None, epochs=1.0, eval_every=2)
         setting = Setting("dpsgd", 1.0, None)

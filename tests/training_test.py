@@ -14,7 +14,9 @@ from examples import common
 from examples import training
 
 
-def _config(**overrides):
+def train_config(**overrides):
+    """A small `TrainConfig` (B = 16 in physical batches of 8, lr 1e-3,
+    evaluated every 2 steps); `overrides` replace its values."""
     values = dict(
         optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
         batch_size=16, physical_batch_size=8, learning_rate=1e-3,
@@ -44,7 +46,7 @@ class LoopTest(absltest.TestCase):
 
         x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
         y = np.ones(64, "int64")
-        config = _config(optimizer="dpsgd", learning_rate=1e-6,
+        config = train_config(optimizer="dpsgd", learning_rate=1e-6,
                          physical_batch_size=32, epochs=4 * 16 / 64)
         results = training.fit_private(
             model_fn, (x, y), (x, y), config,
@@ -60,17 +62,17 @@ class LoopTest(absltest.TestCase):
         # 64 examples, B = 16: 4 steps per epoch; 2 steps, then resumed to 4.
         first = training.fit_private(
             _tiny_model, (x, y), (x, y),
-            _config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
+            train_config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in first["history"]], [2])
         second = training.fit_private(
             _tiny_model, (x, y), (x, y),
-            _config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
+            train_config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in second["history"]], [2, 4])
         with open(os.path.join(model_dir, "metrics.json")) as f:
             self.assertEqual(json.load(f)["history"], second["history"])
         # StopAtStep ends an epoch early; no validation: no val_ metrics.
         _, _, results = training.train_private(
-            _tiny_model, (x, y), (x, y), _config(epochs=4 * 16 / 64), loss,
+            _tiny_model, (x, y), (x, y), train_config(epochs=4 * 16 / 64), loss,
             callbacks=[training.StopAtStep(3)], validate=False)
         self.assertEqual((results["steps"], results["planned_steps"]), (3, 4))
         self.assertNotIn("val_accuracy", results["history"][0])
@@ -100,7 +102,7 @@ class NoiseSeedTest(absltest.TestCase):
                                   wraps=tf_dpadam.make_private) as private:
             training.fit_private(
                 _tiny_model, data, data,
-                _config(epochs=2 * 16 / 64, noise_seed=noise_seed),
+                train_config(epochs=2 * 16 / 64, noise_seed=noise_seed),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
                 on_trained=lambda model: trained.append(model.get_weights()))
