@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.accounting."""
+"""Tests of tf_dpadam.accounting: epsilon, calibration and the statement."""
 
 import ast
 import contextlib
@@ -12,6 +12,7 @@ from absl.testing import parameterized
 import dp_accounting
 
 from tf_dpadam import accounting
+from tf_dpadam.accounting import epsilon as accounting_epsilon
 
 DELTA = 1e-5
 
@@ -115,6 +116,20 @@ class EpsilonAfterStepsTest(parameterized.TestCase):
         self.assertEqual(accounting.steps_for_epochs(0.1, 3000, 100), 3)
         self.assertEqual(accounting.steps_for_epochs(0.25, 1000, 100), 3)
 
+    def test_training_steps_from_epochs_or_steps(self):
+        sizes = dict(num_examples=60000, batch_size=256)
+        self.assertEqual(accounting.training_steps(epochs=60, **sizes), 14063)
+        self.assertEqual(accounting.training_steps(steps=7, **sizes), 7)
+        for kwargs, message in (
+            (dict(), "exactly one of epochs=None and steps=None"),
+            (dict(epochs=1, steps=2), "exactly one of epochs=1 and steps=2"),
+            (dict(epochs=0), "Expected epochs=0 > 0."),
+            (dict(steps=0), "Expected steps=0 > 0."),
+            (dict(steps=1.5), "Expected steps=1.5 to be an integer."),
+        ):
+            with self.assertRaisesRegex(ValueError, re.escape(message)):
+                accounting.training_steps(**kwargs, **sizes)
+
 
 class CalibrateStepsTest(parameterized.TestCase):
 
@@ -201,7 +216,7 @@ class CalibrateNoiseMultiplierTest(parameterized.TestCase):
         # Probing sigma = 0.5 at q = 0.04 makes dp-accounting's series for
         # a few low fractional orders fail to converge; it excludes those
         # orders and would log one warning per order.
-        accounting._rdp_one_step.cache_clear()
+        accounting_epsilon.rdp_one_step.cache_clear()
         out = io.StringIO()
         with contextlib.redirect_stdout(out), self.assertNoLogs(
             "absl", level="WARNING"
@@ -397,12 +412,15 @@ class ValidationTest(parameterized.TestCase):
 
 class NoTensorFlowTest(parameterized.TestCase):
 
-    @parameterized.parameters("accounting.py", "privacy.py")
+    @parameterized.parameters(
+        "accounting/__init__.py", "accounting/epsilon.py",
+        "accounting/calibration.py", "accounting/statement.py",
+        "validation.py", "privacy_cli.py", "privacy.py",
+    )
     def test_module_does_not_import_tensorflow(self, filename):
-        path = os.path.join(
-            os.path.dirname(os.path.abspath(accounting.__file__)), filename
-        )
-        with open(path, encoding="utf-8") as f:
+        package = os.path.dirname(os.path.dirname(os.path.abspath(
+            accounting_epsilon.__file__)))
+        with open(os.path.join(package, filename), encoding="utf-8") as f:
             tree = ast.parse(f.read())
         imported = set()
         for node in ast.walk(tree):
@@ -417,7 +435,10 @@ class NoTensorFlowTest(parameterized.TestCase):
             root = name.split(".")[0]
             self.assertNotIn(root, ("tensorflow", "keras"), msg=name)
             if root == "tf_dpadam":
-                self.assertEqual(name, "tf_dpadam.accounting")
+                self.assertRegex(
+                    name,
+                    r"^tf_dpadam\.(accounting|validation|privacy_cli)\b",
+                )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""Tests of the command line `python -m tf_dpadam.privacy`."""
+"""Tests of the command line `python -m tf_dpadam.privacy_cli`.
+
+`python -m tf_dpadam.privacy`, its older name (the command the README
+documents), is a shim that must keep working too.
+"""
 
 import os
 import re
@@ -11,19 +15,20 @@ from absl.testing import parameterized
 
 from tf_dpadam import accounting
 from tf_dpadam import privacy
+from tf_dpadam import privacy_cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA = 1e-5
 
 
-def _start(*args):
+def _start(module, *args):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_ROOT, env.get("PYTHONPATH")) if p
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return subprocess.Popen(
-        [sys.executable, "-m", "tf_dpadam.privacy", *args],
+        [sys.executable, "-m", module, *args],
         cwd=_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -35,10 +40,11 @@ def _start(*args):
 class CommandLineTest(absltest.TestCase):
 
     def test_subprocess_statement(self):
-        # One invocation only: each pays the package's import time. The other
-        # modes are tested through `privacy.report` below.
+        # Two invocations only (the old name and the new one, one mode
+        # each): each pays the package's import time. The other modes are
+        # tested through `privacy_cli.report` below.
         process = _start(
-            "--num_examples=60000", "--batch_size=256",
+            "tf_dpadam.privacy", "--num_examples=60000", "--batch_size=256",
             "--noise_multiplier=1.1", "--epochs=60", "--delta=1e-5",
         )
         out, err = process.communicate(timeout=120)
@@ -56,15 +62,43 @@ class CommandLineTest(absltest.TestCase):
             )
             self.assertIn(f"epsilon = {epsilon:.4g} ({name}", out)
 
+    def test_subprocess_calibrated_steps_under_the_new_name(self):
+        process = _start(
+            "tf_dpadam.privacy_cli", "--num_examples=50000",
+            "--batch_size=2048", "--noise_multiplier=1.0",
+            "--target_epsilon=7", "--delta=1e-5",
+        )
+        out, err = process.communicate(timeout=120)
+        self.assertEqual(process.returncode, 0, msg=err)
+        self.assertEqual(
+            out,
+            privacy_cli.steps_report(
+                num_examples=50000, batch_size=2048, noise_multiplier=1.0,
+                target_epsilon=7.0, delta=DELTA,
+            ) + "\n",
+        )
+
+    def test_subprocess_help_of_the_old_name_shows_the_usage_and_flags(self):
+        process = _start("tf_dpadam.privacy", "--help")
+        out, _ = process.communicate(timeout=120)  # absl exits 1 on --help.
+        self.assertIn("Command line for the privacy accounting", out)
+        for flag in ("--num_examples", "--target_epsilon", "--accountant"):
+            self.assertIn(flag, out)
+
+    def test_shim_is_the_same_command_line(self):
+        for name in ("define_flags", "main", "report", "steps_report",
+                     "noise_multiplier_report"):
+            self.assertIs(getattr(privacy, name), getattr(privacy_cli, name))
+
     def test_main_rejects_stray_arguments(self):
         with self.assertRaisesRegex(app.UsageError, "Unexpected arguments: x"):
-            privacy.main(["privacy", "x"])
+            privacy_cli.main(["privacy", "x"])
 
 
 class ReportTest(parameterized.TestCase):
 
     def test_statement(self):
-        text = privacy.report(
+        text = privacy_cli.report(
             num_examples=60000, batch_size=256, noise_multiplier=1.1,
             epochs=60, delta=DELTA,
         )
@@ -76,14 +110,14 @@ class ReportTest(parameterized.TestCase):
         )
 
     def test_statement_with_steps(self):
-        text = privacy.report(
+        text = privacy_cli.report(
             num_examples=10000, batch_size=100, noise_multiplier=1.0,
             steps=300, delta=DELTA,
         )
         self.assertIn("= 300 steps", text)
 
     def test_calibrated_steps_and_epochs(self):
-        text = privacy.report(
+        text = privacy_cli.report(
             num_examples=50000, batch_size=2048, noise_multiplier=1.0,
             target_epsilon=7.0, delta=DELTA,
         )
@@ -96,7 +130,7 @@ class ReportTest(parameterized.TestCase):
         self.assertAlmostEqual(epochs, steps * 2048 / 50000, places=3)
 
     def test_calibrated_noise_multiplier_with_steps_and_pld(self):
-        text = privacy.report(
+        text = privacy_cli.report(
             num_examples=10000, batch_size=100, steps=300, target_epsilon=1.0,
             delta=DELTA, accountant="pld",
         )
@@ -127,7 +161,7 @@ class ReportTest(parameterized.TestCase):
     )
     def test_invalid_combinations(self, kwargs, message):
         with self.assertRaisesRegex(ValueError, re.escape(message)):
-            privacy.report(**kwargs)
+            privacy_cli.report(**kwargs)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from tf_dpadam import accounting
+from tf_dpadam import validation
 
 
 class PrivacyBudget(keras.callbacks.Callback):
@@ -75,13 +76,13 @@ class PrivacyBudget(keras.callbacks.Callback):
             ValueError: if an argument is out of range.
         """
         super().__init__()
-        accounting._check_positive_int("num_examples", num_examples)
+        validation.check_positive_int("num_examples", num_examples)
         if batch_size is not None:
-            accounting._check_sizes("num_examples", num_examples, batch_size)
-        accounting._check_delta(delta)
+            validation.check_sizes("num_examples", num_examples, batch_size)
+        validation.check_delta(delta)
         if target_epsilon is not None:
-            accounting._check_positive_real("target_epsilon", target_epsilon)
-        accounting._check_accountant(accountant)
+            validation.check_positive_real("target_epsilon", target_epsilon)
+        validation.check_accountant(accountant)
         self.num_examples = int(num_examples)
         self.delta = float(delta)
         self.target_epsilon = (

@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import privatizer
+from tf_dpadam import validation
 
 # The seeds of the public nonce stream: any pair but (0, 0), which TensorFlow
 # replaces with nondeterministic seeds.
@@ -145,11 +146,6 @@ def _step_nonces():
     )
 
 
-def _check_positive_int(name, value):
-    if not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"Expected {name}={value!r} to be an int > 0.")
-
-
 def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                     steps_per_epoch=None, seed=None,
                     max_overflow_probability=1e-10, pad_to_multiple_of=None):
@@ -192,19 +188,17 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                     "Expected every array in data to have the same first"
                     f" dimension, got {len(array)} and {num_examples}."
                 )
-    _check_positive_int("expected_batch_size", expected_batch_size)
+    validation.check_count("expected_batch_size", expected_batch_size)
     if expected_batch_size > num_examples:
         raise ValueError(
             f"Expected expected_batch_size={expected_batch_size} <= the number"
             f" of examples {num_examples}."
         )
-    if not 0 < max_overflow_probability < 1:
-        raise ValueError(
-            f"Expected max_overflow_probability={max_overflow_probability!r}"
-            " in (0, 1)."
-        )
+    validation.check(0 < max_overflow_probability < 1,
+                     "max_overflow_probability", max_overflow_probability,
+                     "in (0, 1)")
     if pad_to_multiple_of is not None:
-        _check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+        validation.check_count("pad_to_multiple_of", pad_to_multiple_of)
     q = expected_batch_size / num_examples
     if physical_batch_size is None:
         # A multiple of 8, so that the batch splits evenly over up to 8
@@ -214,14 +208,14 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         )
         physical_batch_size = capacity
     else:
-        _check_positive_int("physical_batch_size", physical_batch_size)
+        validation.check_count("physical_batch_size", physical_batch_size)
         capacity, overflow = poisson_capacity(
             num_examples, expected_batch_size, physical_batch_size,
             max_overflow_probability,
         )
     if steps_per_epoch is None:
         steps_per_epoch = math.ceil(num_examples / expected_batch_size)
-    _check_positive_int("steps_per_epoch", steps_per_epoch)
+    validation.check_count("steps_per_epoch", steps_per_epoch)
     k = capacity // physical_batch_size
     key = privatizer.resolve_seed(
         seed, what="poisson_batches", drawn="every batch",

@@ -17,10 +17,10 @@ alike and carry no Keras state.
 """
 
 import dataclasses
-import math
-import numbers
 
 from keras import ops
+
+from tf_dpadam import validation
 
 # The fraction of Phi used as gamma' when `epsilon=None`. Both of the paper's
 # settings use gamma' of about 0.04 * Phi (CIFAR-10: Phi = 2.4e-7 and
@@ -29,15 +29,6 @@ DEFAULT_GAMMA_OVER_PHI = 0.04
 # The floor of the default gamma' when Phi is (close to) zero, i.e. without
 # noise; as a floor inside the square root it matches Keras Adam's 1e-7 outside.
 MIN_DEFAULT_GAMMA = 1e-14
-
-
-def _check(condition, name, value, expectation):
-    if not condition:
-        raise ValueError(f"Expected {name}={value!r} {expectation}.")
-
-
-def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,25 +51,21 @@ class DPConfig:
     accumulation_steps: int = 1
 
     def __post_init__(self):
-        c = self.l2_norm_clip
-        _check(_is_real(c) and math.isfinite(c) and c > 0, "l2_norm_clip", c,
-                      "to be a finite number > 0")
-        s = self.noise_multiplier
-        _check(_is_real(s) and math.isfinite(s) and s >= 0, "noise_multiplier", s,
-                      "to be a finite number >= 0")
+        validation.check_positive("l2_norm_clip", self.l2_norm_clip)
+        validation.check_non_negative("noise_multiplier", self.noise_multiplier)
         b = self.batch_size
         if b is not None:
-            _check(isinstance(b, numbers.Integral) and not isinstance(b, bool) and b > 0,
-                          "batch_size", b, "to be None or an int > 0")
-        if b is not None:
+            validation.check(validation.is_int(b) and b > 0, "batch_size", b,
+                             "to be None or an int > 0")
             object.__setattr__(self, "batch_size", int(b))
         k = self.accumulation_steps
-        _check(isinstance(k, numbers.Integral) and not isinstance(k, bool)
-                      and k >= 1, "gradient_accumulation_steps", k,
-                      "to be None or an int >= 1")
+        validation.check(validation.is_int(k) and k >= 1,
+                         "gradient_accumulation_steps", k,
+                         "to be None or an int >= 1")
         object.__setattr__(self, "accumulation_steps", int(k))
-        object.__setattr__(self, "l2_norm_clip", float(c))
-        object.__setattr__(self, "noise_multiplier", float(s))
+        object.__setattr__(self, "l2_norm_clip", float(self.l2_norm_clip))
+        object.__setattr__(self, "noise_multiplier",
+                           float(self.noise_multiplier))
 
     @property
     def noise_stddev(self):
@@ -92,18 +79,11 @@ class DPConfig:
         return num_examples
 
 
-def check_beta(name, value):
-    _check(_is_real(value) and 0 <= value < 1, name, value, "to be in [0, 1)")
-
-
-def check_positive(name, value):
-    _check(_is_real(value) and math.isfinite(value) and value > 0, name, value,
-                  "to be a finite number > 0")
-
-
-def check_non_negative(name, value):
-    _check(_is_real(value) and math.isfinite(value) and value >= 0, name, value,
-                  "to be a finite number >= 0")
+# The optimizers' argument checks, kept here under their old names until
+# optimizers.py calls `tf_dpadam.validation` itself.
+check_beta = validation.check_beta
+check_positive = validation.check_positive
+check_non_negative = validation.check_non_negative
 
 
 def noise_stddev(l2_norm_clip, noise_multiplier):

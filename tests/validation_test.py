@@ -1,0 +1,111 @@
+"""tf_dpadam/validation.py: each check's accepted values and exact message.
+
+The messages are matched whole: users and other tests rely on them.
+"""
+
+import math
+
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tf_dpadam import validation
+
+
+class PredicatesTest(absltest.TestCase):
+
+    def test_is_int_and_is_real(self):
+        for value in (3, np.int64(3), np.int32(-1)):
+            self.assertTrue(validation.is_int(value), msg=repr(value))
+            self.assertTrue(validation.is_real(value), msg=repr(value))
+        for value in (2.5, np.float32(0.5), math.inf):
+            self.assertFalse(validation.is_int(value), msg=repr(value))
+            self.assertTrue(validation.is_real(value), msg=repr(value))
+        for value in (True, False, "1", None, 1j):
+            self.assertFalse(validation.is_int(value), msg=repr(value))
+            self.assertFalse(validation.is_real(value), msg=repr(value))
+
+    def test_check_formats_the_message(self):
+        validation.check(True, "x", -1, "> 0")
+        with self.assertRaises(ValueError) as raised:
+            validation.check(False, "name", "v", "to be good")
+        self.assertEqual(str(raised.exception),
+                         "Expected name='v' to be good.")
+
+
+# (check, args, message); `None` as message: the arguments pass.
+_CASES = (
+    # Hyperparameters: one message naming the whole expectation.
+    ("positive", ("epsilon", 1e-7), None),
+    ("positive", ("epsilon", 0.0),
+     "Expected epsilon=0.0 to be a finite number > 0."),
+    ("positive", ("epsilon", math.inf),
+     "Expected epsilon=inf to be a finite number > 0."),
+    ("positive", ("epsilon", True),
+     "Expected epsilon=True to be a finite number > 0."),
+    ("non_negative", ("momentum", 0), None),
+    ("non_negative", ("momentum", -0.5),
+     "Expected momentum=-0.5 to be a finite number >= 0."),
+    ("non_negative", ("momentum", math.nan),
+     "Expected momentum=nan to be a finite number >= 0."),
+    ("beta", ("beta_1", 0.0), None),
+    ("beta", ("beta_2", 1.0), "Expected beta_2=1.0 to be in [0, 1)."),
+    ("beta", ("beta_1", "0.9"), "Expected beta_1='0.9' to be in [0, 1)."),
+    # Data pipeline counts: one message; NumPy ints (and, as ever, bools)
+    # pass.
+    ("count", ("physical_batch_size", np.int64(8)), None),
+    ("count", ("physical_batch_size", True), None),
+    ("count", ("expected_batch_size", 0),
+     "Expected expected_batch_size=0 to be an int > 0."),
+    ("count", ("expected_batch_size", 4.0),
+     "Expected expected_batch_size=4.0 to be an int > 0."),
+    # Accounting: the type first, then the range.
+    ("positive_int", ("num_examples", 10), None),
+    ("positive_int", ("num_examples", 1.5),
+     "Expected num_examples=1.5 to be an integer."),
+    ("positive_int", ("num_examples", True),
+     "Expected num_examples=True to be an integer."),
+    ("positive_int", ("num_examples", 0), "Expected num_examples=0 > 0."),
+    ("positive_real", ("noise_multiplier", 0.5), None),
+    ("positive_real", ("noise_multiplier", "1"),
+     "Expected noise_multiplier='1' to be a real number."),
+    ("positive_real", ("noise_multiplier", -0.5),
+     "Expected noise_multiplier=-0.5 > 0."),
+    ("positive_real", ("target_epsilon", math.inf),
+     "Expected target_epsilon=inf > 0."),
+    ("sizes", ("n", 100, 100), None),
+    ("sizes", ("n", 0, 1), "Expected n=0 > 0."),
+    ("sizes", ("num_examples", 10, 0), "Expected batch_size=0 > 0."),
+    ("sizes", ("num_examples", 5, 6),
+     "Expected batch_size=6 <= num_examples=5 (the sampling rate batch_size"
+     " / num_examples must be at most 1)."),
+    ("delta", (1e-5,), None),
+    ("delta", (None,), "Expected delta=None to be a real number."),
+    ("delta", (1.0,), "Expected delta=1.0 in (0, 1)."),
+    ("steps", (0,), None),
+    ("steps", (1.5,), "Expected steps=1.5 to be an integer."),
+    ("steps", (-1,), "Expected steps=-1 >= 0."),
+    ("epochs", (0.5,), None),
+    ("epochs", ("1",), "Expected epochs='1' to be a real number."),
+    ("epochs", (-2.0, "num_epochs"), "Expected num_epochs=-2.0 >= 0."),
+    ("epochs", (math.inf,), "Expected epochs=inf >= 0."),
+    ("accountant", ("pld",), None),
+    ("accountant", ("RDP",), "Expected accountant='RDP' in ('rdp', 'pld')."),
+)
+
+
+class ChecksTest(parameterized.TestCase):
+
+    @parameterized.parameters(*_CASES)
+    def test_check(self, check, args, message):
+        function = getattr(validation, "check_" + check)
+        if message is None:
+            self.assertIsNone(function(*args))
+            return
+        with self.assertRaises(ValueError) as raised:
+            function(*args)
+        self.assertEqual(str(raised.exception), message)
+
+
+if __name__ == "__main__":
+    absltest.main()

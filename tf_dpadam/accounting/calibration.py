@@ -1,0 +1,178 @@
+"""Calibration: the steps a privacy budget allows, or the noise it needs.
+
+Both are bracketed searches over `epsilon_after_steps` (RDP over
+`RDP_ORDERS`, or PLD with value discretization 1e-3): they print nothing and
+raise `ValueError` when the ask is impossible.
+"""
+
+import functools
+import math
+
+from tf_dpadam import validation
+from tf_dpadam.accounting import epsilon as accounting_epsilon
+
+# The searches give up past these bounds (see `calibrate_steps` and
+# `calibrate_noise_multiplier`).
+_MAX_STEPS = 2**40
+_MIN_NOISE_MULTIPLIER = 1e-3
+_MAX_NOISE_MULTIPLIER = 1e6
+# `calibrate_noise_multiplier` returns sigma within this relative tolerance.
+_NOISE_MULTIPLIER_RTOL = 0.01
+
+
+def calibrate_steps(
+    *,
+    target_epsilon,
+    num_examples,
+    batch_size,
+    noise_multiplier,
+    delta,
+    accountant="rdp",
+):
+    """The largest number of steps T whose epsilon stays within the target.
+
+    Returns T >= 1 with
+
+        epsilon(T) <= target_epsilon < epsilon(T + 1),
+
+    where epsilon(T) is `epsilon_after_steps(steps=T, ...)` (so RDP over
+    `RDP_ORDERS`, or PLD with value discretization 1e-3). The search first
+    doubles T from 1 until epsilon(T) exceeds the target and then bisects the
+    bracket [T, 2T]; both sides of the returned bracket are evaluated, so the
+    inequality above holds exactly. Since epsilon(T) is non-decreasing in T
+    (exactly for RDP, whose curve is linear in T), T is the largest such
+    integer.
+
+    Args:
+        target_epsilon: Privacy budget epsilon > 0.
+        num_examples: N > 0.
+        batch_size: Expected batch size B, 0 < B <= N.
+        noise_multiplier: sigma > 0.
+        delta: Target delta in (0, 1).
+        accountant: "rdp" or "pld".
+
+    Returns:
+        T as an int.
+
+    Raises:
+        ValueError: if an argument is out of range, if even one step exceeds
+            the target (the message gives epsilon(1), the smallest epsilon of
+            any training), or if epsilon stays within the target for 2**40
+            steps.
+    """
+    validation.check_positive_real("target_epsilon", target_epsilon)
+    validation.check_sizes("num_examples", num_examples, batch_size)
+    validation.check_positive_real("noise_multiplier", noise_multiplier)
+    validation.check_delta(delta)
+    validation.check_accountant(accountant)
+    eps = functools.partial(
+        accounting_epsilon.epsilon_after_steps,
+        num_examples=num_examples, batch_size=batch_size,
+        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant,
+    )
+    smallest = eps(steps=1)
+    if smallest > target_epsilon:
+        raise ValueError(
+            f"Expected target_epsilon={target_epsilon!r} >= {smallest!r}, the"
+            " epsilon of a single step (the smallest epsilon reachable with"
+            f" noise_multiplier={noise_multiplier!r},"
+            f" batch_size={batch_size!r}, num_examples={num_examples!r} and"
+            f" delta={delta!r})."
+        )
+    low, high = 1, 2  # Invariant: eps(low) <= target < eps(high).
+    while eps(steps=high) <= target_epsilon:
+        low, high = high, 2 * high
+        if high > _MAX_STEPS:
+            raise ValueError(
+                f"epsilon stays <= target_epsilon={target_epsilon!r} for"
+                f" {low} steps; the search gives up there."
+            )
+    while high - low > 1:
+        middle = (low + high) // 2
+        if eps(steps=middle) <= target_epsilon:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon,
+    num_examples,
+    batch_size,
+    epochs=None,
+    steps=None,
+    delta,
+    accountant="rdp",
+):
+    """The smallest noise multiplier (within 1%) that meets the target.
+
+    With T = `steps`, or T = ceil(epochs * N / B), returns sigma with
+
+        epsilon(sigma) <= target_epsilon < epsilon(sigma / 1.01),
+
+    where epsilon(sigma) is `epsilon_after_steps(steps=T, ...)` (RDP over
+    `RDP_ORDERS`, or PLD with value discretization 1e-3). The search brackets
+    sigma by doubling or halving from 1 and then bisects the bracket
+    geometrically until its ends are within 1% of each other; it returns the
+    upper end, so the target is met. Since epsilon decreases with sigma, any
+    sigma <= 0.99 * result misses the target.
+
+    Args:
+        target_epsilon: Privacy budget epsilon > 0.
+        num_examples: N > 0.
+        batch_size: Expected batch size B, 0 < B <= N.
+        epochs: Number of epochs E > 0; exactly one of `epochs` and `steps`.
+        steps: Number of steps T > 0; exactly one of `epochs` and `steps`.
+        delta: Target delta in (0, 1).
+        accountant: "rdp" or "pld".
+
+    Returns:
+        sigma as a float.
+
+    Raises:
+        ValueError: if an argument is out of range, if not exactly one of
+            `epochs` and `steps` is given, or if sigma would have to lie
+            outside [1e-3, 1e6].
+    """
+    validation.check_positive_real("target_epsilon", target_epsilon)
+    validation.check_sizes("num_examples", num_examples, batch_size)
+    validation.check_delta(delta)
+    validation.check_accountant(accountant)
+    eps = functools.partial(
+        accounting_epsilon.epsilon_after_steps,
+        steps=accounting_epsilon.training_steps(
+            num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+            steps=steps,
+        ),
+        num_examples=num_examples, batch_size=batch_size, delta=delta,
+        accountant=accountant,
+    )
+    # Invariant once bracketed: eps(low) > target >= eps(high).
+    high = 1.0
+    if eps(noise_multiplier=high) > target_epsilon:
+        low = high
+        while eps(noise_multiplier=high) > target_epsilon:
+            low, high = high, 2 * high
+            if high > _MAX_NOISE_MULTIPLIER:
+                raise ValueError(
+                    f"target_epsilon={target_epsilon!r} needs"
+                    f" noise_multiplier > {_MAX_NOISE_MULTIPLIER!r}."
+                )
+    else:
+        low = high / 2
+        while eps(noise_multiplier=low) <= target_epsilon:
+            low, high = low / 2, low
+            if low < _MIN_NOISE_MULTIPLIER:
+                raise ValueError(
+                    f"target_epsilon={target_epsilon!r} is met by every"
+                    f" noise_multiplier >= {high!r}; the search gives up there."
+                )
+    while high > low * (1 + _NOISE_MULTIPLIER_RTOL):
+        middle = math.sqrt(low * high)
+        if eps(noise_multiplier=middle) <= target_epsilon:
+            high = middle
+        else:
+            low = middle
+    return high

@@ -1,0 +1,244 @@
+r"""Command line for the privacy accounting of DP training.
+
+Epsilon of a training run (a statement with RDP and PLD epsilons):
+
+    python -m tf_dpadam.privacy_cli --num_examples=60000 --batch_size=256 \
+        --noise_multiplier=1.1 --epochs=60 --delta=1e-5
+
+The number of steps (and epochs) a budget allows:
+
+    python -m tf_dpadam.privacy_cli --num_examples=50000 --batch_size=2048 \
+        --noise_multiplier=1.0 --target_epsilon=7 --delta=1e-5
+
+The noise multiplier a budget needs for a given length of training:
+
+    python -m tf_dpadam.privacy_cli --num_examples=50000 --batch_size=2048 \
+        --epochs=20 --target_epsilon=7 --delta=1e-5
+
+(`python -m tf_dpadam.privacy`, the command's older name, runs the same.)
+
+All numbers come from `tf_dpadam.accounting` (Poisson sampling at rate
+q = batch_size / num_examples, add-or-remove-one adjacency). This module does
+not import TensorFlow.
+"""
+
+import functools
+
+from absl import app
+from absl import flags
+
+from tf_dpadam import accounting
+from tf_dpadam import validation
+
+
+def define_flags():
+    """Defines the command line's flags on absl's global FLAGS.
+
+    Called only when this module runs as a program: importing it defines no
+    flag, so it never collides with the flags of a user's own binary.
+    """
+    flags.DEFINE_integer(
+        "num_examples", None, "Number of training examples N."
+    )
+    flags.DEFINE_integer(
+        "batch_size", None, "Expected batch size B (sampling rate q = B / N)."
+    )
+    flags.DEFINE_float(
+        "noise_multiplier",
+        None,
+        "Noise multiplier sigma. Leave it out, with --target_epsilon and --epochs"
+        " or --steps, to calibrate it.",
+    )
+    flags.DEFINE_float(
+        "epochs", None, "Number of epochs; steps = ceil(epochs * N / B)."
+    )
+    flags.DEFINE_integer(
+        "steps", None, "Number of steps (instead of --epochs)."
+    )
+    flags.DEFINE_float("delta", None, "Target delta, in (0, 1).")
+    flags.DEFINE_float(
+        "target_epsilon",
+        None,
+        "Privacy budget. With --noise_multiplier: print the largest number of"
+        " steps within it; without: print the smallest noise multiplier (within"
+        " 1%) that meets it for --epochs or --steps.",
+    )
+    flags.DEFINE_enum(
+        "accountant",
+        "rdp",
+        list(accounting.ACCOUNTANTS),
+        "Accountant of the calibrations (the statement reports both).",
+    )
+    flags.DEFINE_bool(
+        "used_microbatching",
+        False,
+        "Whether gradients were clipped per microbatch of more than one example"
+        " (doubles the sensitivity). Statement only.",
+    )
+    flags.DEFINE_integer(
+        "max_examples_per_user",
+        None,
+        "Bound on the examples of one user, for a user-level epsilon. Statement"
+        " only.",
+    )
+
+
+def _epochs_of(steps, num_examples, batch_size):
+    return steps * batch_size / num_examples
+
+
+def steps_report(
+    *,
+    num_examples,
+    batch_size,
+    noise_multiplier,
+    target_epsilon,
+    delta,
+    accountant="rdp",
+):
+    """Text giving the largest number of steps (and epochs) within a budget."""
+    setting = dict(num_examples=num_examples, batch_size=batch_size,
+                   noise_multiplier=noise_multiplier, delta=delta,
+                   accountant=accountant)
+    steps = accounting.calibrate_steps(target_epsilon=target_epsilon,
+                                       **setting)
+    eps = functools.partial(accounting.epsilon_after_steps, **setting)
+    return "\n".join([
+        f"Budget epsilon = {target_epsilon:g} at delta = {delta:g}"
+        f" ({accountant.upper()} accountant), noise multiplier"
+        f" {noise_multiplier:g}, q = {batch_size}/{num_examples}:",
+        f"  steps = {steps}",
+        f"  epochs = {_epochs_of(steps, num_examples, batch_size):.6g}"
+        " (steps * batch_size / num_examples)",
+        f"  epsilon after {steps} steps = {eps(steps=steps):.6g};"
+        f" after {steps + 1} steps = {eps(steps=steps + 1):.6g}",
+    ])
+
+
+def noise_multiplier_report(
+    *,
+    num_examples,
+    batch_size,
+    target_epsilon,
+    delta,
+    epochs=None,
+    steps=None,
+    accountant="rdp",
+):
+    """Text giving the smallest noise multiplier (within 1%) for a budget."""
+    setting = dict(num_examples=num_examples, batch_size=batch_size,
+                   delta=delta, accountant=accountant)
+    sigma = accounting.calibrate_noise_multiplier(
+        target_epsilon=target_epsilon, epochs=epochs, steps=steps, **setting
+    )
+    steps = accounting.training_steps(num_examples=num_examples,
+                                      batch_size=batch_size, epochs=epochs,
+                                      steps=steps)
+    epsilon = accounting.epsilon_after_steps(steps=steps,
+                                             noise_multiplier=sigma, **setting)
+    return "\n".join([
+        f"Budget epsilon = {target_epsilon:g} at delta = {delta:g}"
+        f" ({accountant.upper()} accountant), q = {batch_size}/{num_examples},"
+        f" {steps} steps"
+        f" ({_epochs_of(steps, num_examples, batch_size):.6g} epochs):",
+        f"  noise_multiplier = {sigma:.6g} (smallest within 1%)",
+        f"  epsilon with it = {epsilon:.6g}",
+    ])
+
+
+def report(
+    *,
+    num_examples,
+    batch_size,
+    delta,
+    noise_multiplier=None,
+    epochs=None,
+    steps=None,
+    target_epsilon=None,
+    accountant="rdp",
+    used_microbatching=False,
+    max_examples_per_user=None,
+):
+    """The text the command line prints, chosen by which values are given.
+
+    * noise_multiplier and one of epochs / steps: the privacy statement
+      (`accounting.compute_dp_sgd_privacy_statement`);
+    * noise_multiplier and target_epsilon: the calibrated steps and epochs;
+    * target_epsilon and one of epochs / steps: the calibrated noise
+      multiplier.
+
+    Raises:
+        ValueError: for another combination, or a value out of range.
+    """
+    for name, value in (
+        ("num_examples", num_examples),
+        ("batch_size", batch_size),
+        ("delta", delta),
+    ):
+        if value is None:
+            raise ValueError(f"--{name} is required.")
+    validation.check_sizes("num_examples", num_examples, batch_size)
+    if (epochs is not None) and (steps is not None):
+        raise ValueError("Give at most one of --epochs and --steps.")
+    length_given = epochs is not None or steps is not None
+    setting = dict(num_examples=num_examples, batch_size=batch_size,
+                   delta=delta, accountant=accountant)
+    if noise_multiplier is not None and target_epsilon is not None:
+        if length_given:
+            raise ValueError(
+                "With --noise_multiplier and --target_epsilon the number of"
+                " steps is calibrated: leave out --epochs and --steps."
+            )
+        return steps_report(noise_multiplier=noise_multiplier,
+                            target_epsilon=target_epsilon, **setting)
+    if not length_given:
+        raise ValueError(
+            "Give --epochs or --steps (with --noise_multiplier for the"
+            " statement, or with --target_epsilon to calibrate the noise"
+            " multiplier), or --noise_multiplier and --target_epsilon to"
+            " calibrate the steps."
+        )
+    if target_epsilon is not None:
+        return noise_multiplier_report(target_epsilon=target_epsilon,
+                                       epochs=epochs, steps=steps, **setting)
+    if noise_multiplier is None:
+        raise ValueError("Give --noise_multiplier or --target_epsilon.")
+    if epochs is None:
+        validation.check_steps(steps)
+        epochs = _epochs_of(steps, num_examples, batch_size)
+    return accounting.compute_dp_sgd_privacy_statement(
+        num_examples,
+        batch_size,
+        epochs,
+        noise_multiplier,
+        delta,
+        used_microbatching=used_microbatching,
+        max_examples_per_user=max_examples_per_user,
+    )
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        f = flags.FLAGS
+        text = report(
+            num_examples=f.num_examples,
+            batch_size=f.batch_size,
+            delta=f.delta,
+            noise_multiplier=f.noise_multiplier,
+            epochs=f.epochs,
+            steps=f.steps,
+            target_epsilon=f.target_epsilon,
+            accountant=f.accountant,
+            used_microbatching=f.used_microbatching,
+            max_examples_per_user=f.max_examples_per_user,
+        )
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    print(text)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
