@@ -134,15 +134,6 @@ class DPConfigTest(parameterized.TestCase):
             dp_math.DPConfig(**kwargs)
         self.assertEqual(str(raised.exception), message)
 
-    def test_optimizer_checks_stay_importable(self):
-        # optimizers.py calls these names until it uses `validation`.
-        with self.assertRaisesRegex(ValueError, r"beta_1=1\.0 to be in"):
-            dp_math.check_beta("beta_1", 1.0)
-        with self.assertRaisesRegex(ValueError, "epsilon=0 to be a finite"):
-            dp_math.check_positive("epsilon", 0)
-        with self.assertRaisesRegex(ValueError, "phi=-1 to be a finite"):
-            dp_math.check_non_negative("phi", -1)
-
 
 if __name__ == "__main__":
     absltest.main()

@@ -79,13 +79,6 @@ class DPConfig:
         return num_examples
 
 
-# The optimizers' argument checks, kept here under their old names until
-# optimizers.py calls `tf_dpadam.validation` itself.
-check_beta = validation.check_beta
-check_positive = validation.check_positive
-check_non_negative = validation.check_non_negative
-
-
 def noise_stddev(l2_norm_clip, noise_multiplier):
     """The std of the Gaussian noise added to the sum of clipped gradients."""
     return noise_multiplier * l2_norm_clip

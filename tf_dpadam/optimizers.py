@@ -17,7 +17,9 @@ bias-corrected denominator of Tang & Lecuyer.
 import keras
 from keras import ops
 
+from tf_dpadam import accumulation
 from tf_dpadam import dp_math
+from tf_dpadam import validation
 
 _UNSUPPORTED_KWARGS = {
     "loss_scale_factor": "loss scaling is not supported by the DP train step",
@@ -89,31 +91,11 @@ class DPOptimizerMixin:
             aggregation="only_first_replica",
             name="dp_step_denominator",
         )
+        # The accumulators of a logical step of k > 1 physical batches.
+        self.dp_accumulator = None
         if self.dp_accumulation_steps > 1:
-            # Sums of clipped gradients (already summed over replicas, so the
-            # same on every replica) and example counts of the micro-batches
-            # of the current logical step. They are optimizer state: saved
-            # and restored with it, so a resumed run continues the step.
-            self._dp_accumulators = [
-                self.add_variable(
-                    shape=v.shape,
-                    dtype=v.dtype,
-                    aggregation="only_first_replica",
-                    name=f"dp_accumulator_{i}",
-                )
-                for i, v in enumerate(var_list)
-            ]
-            self._dp_accumulated_count = self.add_variable(
-                shape=(),
-                dtype="float32",
-                aggregation="only_first_replica",
-                name="dp_accumulated_count",
-            )
-            self._dp_micro_step = self.add_variable(
-                shape=(),
-                dtype="int64",
-                aggregation="only_first_replica",
-                name="dp_micro_step",
+            self.dp_accumulator = accumulation.GradientAccumulator(
+                self, var_list, self.dp_accumulation_steps
             )
 
     def apply_private(self, grads, trainable_variables, denominator):
@@ -203,7 +185,7 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
         dp_config = self._check_dp_args(
             l2_norm_clip, noise_multiplier, batch_size, kwargs
         )
-        dp_math.check_non_negative("momentum", momentum)
+        validation.check_non_negative("momentum", momentum)
         super().__init__(
             learning_rate=learning_rate,
             momentum=momentum,
@@ -228,10 +210,10 @@ class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
         return self._momentums[index], self._velocities[index]
 
     def _init_adam(self, beta_1, beta_2, epsilon):
-        dp_math.check_beta("beta_1", beta_1)
-        dp_math.check_beta("beta_2", beta_2)
+        validation.check_beta("beta_1", beta_1)
+        validation.check_beta("beta_2", beta_2)
         if epsilon is not None:
-            dp_math.check_positive("epsilon", epsilon)
+            validation.check_positive("epsilon", epsilon)
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
@@ -336,7 +318,7 @@ class DPAdamCorrected(_DPAdamBase):
         )
         self._init_adam(beta_1, beta_2, epsilon)
         if phi is not None:
-            dp_math.check_non_negative("phi", phi)
+            validation.check_non_negative("phi", phi)
         if kwargs.pop("amsgrad", False):
             raise ValueError("Expected amsgrad=False for DPAdamCorrected.")
         super().__init__(

@@ -13,20 +13,19 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
+from tf_dpadam import keras_internals
 from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import privatizer
+from tf_dpadam import vectorized_clipping
+from tf_dpadam.ghost_clipping import registry
 
 # How the clipped sum of per-example gradients is computed (`make_private`'s
 # `clipping`): "ghost" from the batched forward and backward pass
 # (`ghost_clipping`), "vectorized" by a vectorized map of one-example backward
 # passes, "auto" ghost where the model allows it, else vectorized.
 CLIPPING_METHODS = ("auto", "ghost", "vectorized")
-
-# Layers that mix the examples of a batch while training: with them one
-# example's gradient depends on the others, so per-example clipping does not
-# bound one example's influence.
-_EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
 
 # Shown whenever a model with `diagnostics=True` is made (or loaded).
 DIAGNOSTICS_WARNING = (
@@ -44,14 +43,15 @@ DIAGNOSTICS_WARNING = (
 def check_no_example_mixing(model):
     """Raises if a trainable layer of `model` mixes examples in training.
 
-    A frozen BatchNormalization (`trainable=False`) runs in inference mode in
-    Keras 3 and is allowed.
+    The layers are `ghost_clipping.registry.EXAMPLE_MIXING_LAYERS`. A frozen
+    BatchNormalization (`trainable=False`) runs in inference mode in Keras 3
+    and is allowed.
 
     Raises:
         ValueError: naming the first offending layer.
     """
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        if isinstance(layer, _EXAMPLE_MIXING_LAYERS) and layer.trainable:
+    for layer in keras_internals.all_layers(model):
+        if registry.mixes_examples(layer):
             raise ValueError(
                 f"Layer {layer.name!r} ({type(layer).__name__}) mixes the"
                 " examples of a batch in training, so per-example clipping"
@@ -89,9 +89,9 @@ def _require_dp_optimizer(optimizer):
 class _Untracked:
     """Holds a value out of sight of Keras' and TensorFlow's tracking.
 
-    The diagnostics variables live here so that they are not model weights:
-    not in `model.weights`, and never written by `model.save` (a saved model
-    must not carry a clean gradient).
+    The noise seed state and the diagnostics variables live here so that
+    they are not model weights: not in `model.weights`, and never written by
+    `model.save` (a saved model must carry neither).
     """
 
     def __init__(self, value):
@@ -143,7 +143,7 @@ class PrivateModel(keras.Model):
         self.secure_mode = secure_mode
         self.clipping = clipping
         self.diagnostics = diagnostics
-        self._clean_gradients = _Untracked(None)
+        self._clean_gradients = _Untracked(clean_gradients_lib.CleanGradients())
         # The method the last traced train step used, and why ghost clipping
         # was not ("auto" only): set at trace time, for users and tests.
         self.clipping_used = None
@@ -168,81 +168,12 @@ class PrivateModel(keras.Model):
             # twice (3-7 s each for the larger models of the tests).
             self.optimizer.build(self.trainable_variables)
         if self.diagnostics and self.built:
-            self._build_clean_gradients()
+            self._clean_gradients.value.build(self.trainable_variables)
 
     def compile_from_config(self, config):
         # Keras skips models that override `compile`; ours only adds a check.
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)  # builds the optimizer of a built model
-
-    def _layer_seed_generators(self):
-        """The random states of the wrapped model's layers (e.g. Dropout)."""
-        return [
-            generator
-            for layer in self.base_model._flatten_layers(include_self=True)
-            for generator in layer._seed_generators
-        ]
-
-    # Phase 0: the loss of one example (a batch of one).
-    def _example_loss(self, x, y, sample_weight, index):
-        # Inside the vectorized map a layer's seed state is the same for every
-        # example, which would give all examples one dropout mask. Each
-        # example reads its own state (offset by its index in the first
-        # component; steps advance the second), and the generators'
-        # advance is returned so that the step can apply it once.
-        generators = self._layer_seed_generators()
-        if not generators:
-            loss, y_pred = self._forward_loss(x, y, sample_weight)
-            return loss, (y_pred, [])
-        offset = ops.stack(
-            [ops.cast(index[0], "int64") + 1, ops.zeros((), "int64")]
-        )
-        mapping = [(g.state, g.state.value + offset) for g in generators]
-        # Regularizers read their variable through the scope too.
-        mapping += [
-            (v, v.value) for v in self.trainable_variables if v.regularizer
-        ]
-        with keras.StatelessScope(
-            state_mapping=mapping, collect_losses=True
-        ) as scope:
-            loss, y_pred = self._forward_loss(x, y, sample_weight)
-        # With a batch axis, as `per_example_gradients` expects of `aux`.
-        advances = [
-            (scope.get_current_value(g.state) - value)[None]
-            for g, (_, value) in zip(generators, mapping)
-        ]
-        return loss, (y_pred, advances)
-
-    def _forward_loss(self, x, y, sample_weight):
-        y_pred = self(x, training=True)
-        loss = self._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        # Keras divides the loss by the number of tf.distribute replicas;
-        # a per-example gradient must be the example's own, so undo it.
-        return loss * privatizer.num_replicas(), y_pred
-
-    def _per_example_gradients(self, x, y, sample_weight, variables):
-        compile_loss = self._compile_loss
-        # Per-output loss metrics (multi-output models) are updated once on
-        # the batch below, not per example inside the vectorized map.
-        saved_metrics = None
-        if compile_loss is not None and getattr(compile_loss, "_metrics", None):
-            saved_metrics = compile_loss._metrics
-            compile_loss._metrics = [None] * len(saved_metrics)
-        index = tf.range(tf.shape(tf.nest.flatten(x)[0])[0])
-        try:
-            grads, losses, (y_pred, advances) = (
-                privatizer.per_example_gradients(
-                    self._example_loss, variables, (x, y, sample_weight, index)
-                )
-            )
-        finally:
-            if saved_metrics is not None:
-                compile_loss._metrics = saved_metrics
-        for generator, advance in zip(self._layer_seed_generators(), advances):
-            generator.state.assign(generator.state.value + advance[0])
-        return grads, losses, y_pred
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -250,7 +181,7 @@ class PrivateModel(keras.Model):
         _require_dp_optimizer(optimizer)
         check_no_example_mixing(self.base_model)
         config = optimizer.dp_config
-        if not all(layer.built for layer in self._flatten_layers()):
+        if not all(layer.built for layer in keras_internals.all_layers(self)):
             # A model without `keras.Input` builds on its first call: make
             # that call here, on the first trace, so that its weights (and
             # the optimizer's) exist before the step reads them.
@@ -262,20 +193,23 @@ class PrivateModel(keras.Model):
         if not optimizer.built:
             optimizer.build(variables)
         if self.diagnostics:
-            self._build_clean_gradients()
+            self._clean_gradients.value.build(variables)
         present = _present_examples(x, sample_weight)
 
         # Phases 1 and 2: per-example gradients, clipped and summed.
-        summed, losses, y_pred = self._clipped_sum(
+        summed, losses, y_pred = self._sum_of_clipped_gradients(
             x, y, sample_weight, present, config.l2_norm_clip
         )
         count = ops.sum(present)
         if privatizer.num_replicas() > 1 or config.accumulation_steps > 1:
             summed, count = privatizer.sum_over_replicas((summed, count))
-            summed = [g / privatizer.num_replicas() for g in summed]
+
+        def noise_scale_apply(summed, count):
+            self._noise_scale_apply(summed, count, variables)
+
         # Phases 3 to 5: noise, scale, update (once per logical step).
         if config.accumulation_steps == 1:
-            self._noise_scale_apply(summed, count, variables)
+            noise_scale_apply(summed, count)
         elif privatizer.num_replicas() > 1:
             # The conditional update would need a merge_call inside control
             # flow, which tf.distribute does not support.
@@ -286,22 +220,24 @@ class PrivateModel(keras.Model):
                 " split over the replicas and the noise is added once)."
             )
         else:
-            self._accumulate(summed, count, variables)
+            optimizer.dp_accumulator.add(summed, count, noise_scale_apply)
 
-        if self._compile_loss is not None and self._compile_loss.metrics:
-            self._compile_loss(y, y_pred, sample_weight)
-        self._loss_tracker.update_state(
+        compile_loss = keras_internals.compile_loss(self)
+        if compile_loss is not None and compile_loss.metrics:
+            compile_loss(y, y_pred, sample_weight)
+        keras_internals.loss_tracker(self).update_state(
             ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
             sample_weight=ops.sum(present),
         )
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _clipped_sum(self, x, y, sample_weight, present, l2_norm_clip):
+    def _sum_of_clipped_gradients(self, x, y, sample_weight, present,
+                                  l2_norm_clip):
         """The sum of clipped per-example gradients (phases 1 and 2).
 
         Ghost clipping where the model allows it (decided while tracing),
         else per-example gradients by a vectorized map. Both give the same
-        sum up to float rounding (tests/ghost_clipping_test.py).
+        sum up to float rounding (tests/privacy_zoo_test.py).
 
         Returns:
             `(summed, losses, y_pred)`: one sum per trainable variable, the
@@ -309,9 +245,11 @@ class PrivateModel(keras.Model):
         """
         if self.clipping != "vectorized":
             try:
-                summed, _, losses, y_pred = ghost_clipping.clipped_sum(
-                    self, self._ghost_loss_fn(), x, y, sample_weight,
-                    l2_norm_clip, mask=present,
+                summed, _, losses, y_pred = (
+                    ghost_clipping.clipped_gradient_sum(
+                        self, ghost_clipping.compiled_loss_fn(self), x, y,
+                        sample_weight, l2_norm_clip, mask=present,
+                    )
                 )
                 self.clipping_used = "ghost"
                 return summed, losses, y_pred
@@ -321,38 +259,25 @@ class PrivateModel(keras.Model):
                         "make_private(clipping='ghost'): " + str(error)
                     ) from error
                 self.ghost_unsupported_reason = str(error)
-        grads, losses, y_pred = self._per_example_gradients(
-            x, y, sample_weight, self.trainable_variables
+        summed, _, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
+            self, x, y, sample_weight, l2_norm_clip, mask=present
         )
-        summed, _ = privatizer.clip_and_sum(grads, l2_norm_clip, mask=present)
         self.clipping_used = "vectorized"
         return summed, losses, y_pred
-
-    def _ghost_loss_fn(self):
-        """Per-example compiled losses, un-scaled from Keras' 1/replicas."""
-        loss_fn = ghost_clipping.compiled_loss_fn(self)
-
-        def per_example_loss(y, y_pred, sample_weight):
-            losses = loss_fn(y, y_pred, sample_weight)
-            return losses * privatizer.num_replicas()
-
-        return per_example_loss
 
     def _noise_scale_apply(self, summed, count, variables):
         """Noise once, divide by B, apply.
 
-        `summed` is this replica's share: with R replicas Keras adds the
-        gradients of all replicas, so each hands in 1/R of the clipped sum
-        of all replicas, and only the first one carries the noise. `count`
-        is the number of examples of the whole (logical) step.
+        `summed` is the clipped sum over all examples of the (logical) step
+        and all replicas, the same on every replica; `count` their number.
         """
         optimizer = self.optimizer
         config = optimizer.dp_config
         denominator = config.denominator(count)
         if self.diagnostics:
-            self._record_clean_gradients(summed, denominator)
+            self._clean_gradients.value.record(summed, denominator)
         noised = privatizer.add_noise(
-            summed,
+            privatizer.replica_share(summed),
             config.noise_stddev,
             self._noise_seeds.value.next(optimizer.iterations),
             share=privatizer.first_replica_share(),
@@ -361,7 +286,6 @@ class PrivateModel(keras.Model):
         private_grads = privatizer.scale(noised, denominator)
         optimizer.apply_private(private_grads, variables, denominator)
 
-    # Diagnostics (diagnostics=True only; NOT private).
     @property
     def clean_gradients(self):
         """The clean gradient of the last DP step, or None (NOT private).
@@ -372,81 +296,7 @@ class PrivateModel(keras.Model):
         gradient. Not model weights and not saved. None before they exist
         and always with `diagnostics=False`.
         """
-        return self._clean_gradients.value
-
-    def _build_clean_gradients(self):
-        """Creates the clean-gradient variables (anew after model changes)."""
-        variables = self.trainable_variables
-        existing = self._clean_gradients.value
-        if existing is not None and [v.shape for v in existing] == [
-            v.shape for v in variables
-        ]:
-            return
-        if (tf.distribute.has_strategy()
-                and not tf.distribute.in_cross_replica_context()):
-            # In a replica's train step: too late to create mirrored state.
-            raise ValueError(
-                "make_private(diagnostics=True) under tf.distribute needs the"
-                " model built before `compile` (e.g. start it with"
-                " keras.Input), so that its clean-gradient variables are"
-                " created in the strategy's scope."
-            )
-        self._clean_gradients.value = [
-            keras.Variable(
-                initializer=keras.initializers.Zeros(),
-                shape=v.shape,
-                dtype=v.dtype,
-                trainable=False,
-                # The value is the same on every replica (see below).
-                aggregation="only_first_replica",
-                name=f"dp_diagnostics_clean_gradient_{i}",
-            )
-            for i, v in enumerate(variables)
-        ]
-
-    def _record_clean_gradients(self, summed, denominator):
-        """Stores sum_i clip(g_i) / B, the private gradient without noise.
-
-        Under tf.distribute `summed` has been summed over the replicas and
-        divided by R (see `_noise_scale_apply`), so R times it is the whole
-        clipped sum, the same on every replica.
-        """
-        replicas = privatizer.num_replicas()
-        for variable, g in zip(
-            self._clean_gradients.value, privatizer.scale(summed, denominator)
-        ):
-            variable.assign(g * replicas if replicas > 1 else g)
-
-    def _accumulate(self, summed, count, variables):
-        """Adds a micro-batch to the logical step; steps at every k-th one.
-
-        `summed` and `count` are already summed over replicas (and `summed`
-        divided by R), so the accumulators agree on every replica.
-        """
-        optimizer = self.optimizer
-        accumulators = optimizer._dp_accumulators
-        for accumulator, g in zip(accumulators, summed):
-            accumulator.assign(accumulator + g)
-        optimizer._dp_accumulated_count.assign(
-            optimizer._dp_accumulated_count + count
-        )
-        optimizer._dp_micro_step.assign(optimizer._dp_micro_step + 1)
-        steps = optimizer.dp_config.accumulation_steps
-
-        def step():
-            self._noise_scale_apply(
-                [a.value for a in accumulators],
-                optimizer._dp_accumulated_count.value,
-                variables,
-            )
-            for accumulator in accumulators:
-                accumulator.assign(ops.zeros_like(accumulator))
-            optimizer._dp_accumulated_count.assign(0.0)
-            return ops.zeros(())
-
-        ops.cond(
-            optimizer._dp_micro_step % steps == 0, step, lambda: ops.zeros(())
-        )
+        return self._clean_gradients.value.variables
 
     def get_config(self):
         return {

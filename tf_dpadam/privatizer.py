@@ -275,6 +275,19 @@ def sum_over_replicas(values):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
+def replica_share(summed):
+    """This replica's share of sums that every replica holds whole.
+
+    Keras adds the gradients that the `tf.distribute` replicas hand to the
+    optimizer, so each replica hands in 1/R of the whole clipped sum (and
+    only the first one the noise: `first_replica_share`).
+    """
+    replicas = num_replicas()
+    if replicas == 1:
+        return summed
+    return [g / replicas for g in summed]
+
+
 def num_replicas():
     """The number of replicas of the current `tf.distribute` strategy."""
     return tf.distribute.get_strategy().num_replicas_in_sync

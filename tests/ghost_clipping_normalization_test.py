@@ -1,0 +1,34 @@
+"""Ghost clipping of LayerNormalization against explicit clipping."""
+
+import keras
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import helpers
+
+
+class LayerNormalizationTest(helpers.GhostLockstepMixin, parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("last_axis", {}, (4, 6)),
+        ("two_axes", {"axis": [-2, -1]}, (4, 6)),
+        ("middle_axis", {"axis": 1}, (4, 6)),
+        ("scale_only", {"center": False}, (4, 6)),
+        ("center_only", {"scale": False}, (4, 6)),
+        ("2d", {}, (6,)),
+    )
+    def test_layer_normalization(self, kwargs, input_shape):
+        keras.utils.set_random_seed(0)
+        norm = keras.layers.LayerNormalization(
+            gamma_initializer="random_normal", beta_initializer="random_normal",
+            name="layer_normalization", **kwargs,
+        )
+        model = helpers.sequential(input_shape, keras.layers.Dense(6), norm,
+                            keras.layers.Flatten(), keras.layers.Dense(3))
+        x, y = helpers.normal((helpers.BATCH, *input_shape)), helpers.normal((helpers.BATCH, 3), seed=1)
+        self.assert_kinds(model, layer_normalization="ghost")
+        self.assert_lockstep(model, x, y)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,113 @@
+"""Per-example gradient blocks: what a rule hands to the step.
+
+A block stands for the per-example gradients of one variable (or of its use
+at one call site) without necessarily forming them. The step asks each block
+for two things only:
+
+* `squared_norms(reg_grad=None)`: `[B]`, each example's squared gradient norm
+  (with `reg_grad`, the gradient R' of the regularization loss, the squared
+  norm of `grad_i + R'` minus `||R'||^2`: the cross term `2 grad_i . R'` is
+  included, `||R'||^2` is added once by the step);
+* `weighted_sum(factors)`: `sum_i factors_i grad_i`, the variable's clipped sum
+  once `factors` are the clip factors.
+
+Rules for particular layers add their own blocks (embedding rows, convolution
+patches) with the same two methods.
+"""
+
+import tensorflow as tf
+from keras import ops
+
+# Per-example squared norms of a kernel used at T positions (T > 1): the
+# ghost norm costs about T^2 (d + p) and memory T^2 per example; materializing
+# a_i^T g_i costs T d p and memory d p per example (and makes the clipped sum
+# a cheap weighted sum). Materialize unless d p exceeds this many times T^2.
+MATERIALIZE_MAX_RATIO = 1.0
+# When T is not known statically: materialize while d p is at most this.
+MATERIALIZE_MAX_UNKNOWN_T = 1 << 16
+
+
+class MaterializedBlock:
+    """Per-example gradients `[B, *var.shape]`, materialized."""
+
+    def __init__(self, per_example):
+        self.per_example = per_example
+
+    def _flat(self):
+        g = self.per_example
+        return ops.reshape(g, (ops.shape(g)[0], -1))
+
+    def squared_norms(self, reg_grad=None):
+        flat = self._flat()
+        sq = ops.sum(ops.square(flat), axis=1)
+        if reg_grad is not None:
+            sq = sq + 2.0 * ops.matmul(
+                flat, ops.reshape(ops.cast(reg_grad, flat.dtype), (-1,))
+            )
+        return sq
+
+    def weighted_sum(self, factors):
+        return tf.tensordot(factors, self.per_example, axes=[[0], [0]])
+
+
+def linear_mode(t, d, p):
+    """How a `[d, p]` weight used at `t` positions per example is handled.
+
+    "outer" (one position: the norm is ||a|| ||g||), "materialize" (form
+    a_i^T g_i) or "ghost" (the ghost norm from the Gram matrices).
+    """
+    if t == 1:
+        return "outer"
+    if t is None:
+        return "materialize" if d * p <= MATERIALIZE_MAX_UNKNOWN_T else "ghost"
+    return "materialize" if d * p <= MATERIALIZE_MAX_RATIO * t * t else "ghost"
+
+
+class LinearBlock:
+    """A weight used as `z_t = a_t W` at T positions: grad_i = sum_t a_t^T g_t.
+
+    `a` is `[B, T, d]`, `g` is `[B, T, p]`, and `to_matrix` / `from_matrix` map
+    the variable's shape to `[d, p]` and back.
+    """
+
+    def __init__(self, a, g, to_matrix, from_matrix):
+        self.a, self.g = a, g
+        self.to_matrix, self.from_matrix = to_matrix, from_matrix
+        self.mode = linear_mode(a.shape[1], a.shape[2], g.shape[2])
+        self.per_example = None
+        if self.mode == "materialize":
+            self.per_example = tf.einsum("btd,btp->bdp", a, g)
+
+    def squared_norms(self, reg_grad=None):
+        a, g = self.a, self.g
+        reg = None if reg_grad is None else self.to_matrix(reg_grad)
+        if self.mode == "materialize":
+            sq = ops.sum(ops.square(self.per_example), axis=(1, 2))
+            if reg is not None:
+                sq = sq + 2.0 * tf.einsum("bdp,dp->b", self.per_example, reg)
+            return sq
+        if self.mode == "outer":
+            sq = ops.sum(ops.square(a), axis=(1, 2)) * ops.sum(
+                ops.square(g), axis=(1, 2)
+            )
+        else:
+            aa = tf.matmul(a, a, transpose_b=True)
+            gg = tf.matmul(g, g, transpose_b=True)
+            sq = ops.sum(aa * gg, axis=(1, 2))
+        if reg is not None:
+            sq = sq + 2.0 * ops.sum(tf.einsum("btd,dp->btp", a, reg) * g,
+                                    axis=(1, 2))
+        return sq
+
+    def weighted_sum(self, factors):
+        if self.per_example is not None:
+            matrix = tf.tensordot(factors, self.per_example, axes=[[0], [0]])
+        else:
+            a, g = self.a, self.g
+            # Scale the smaller of the two.
+            if (a.shape[2] or 0) <= (g.shape[2] or 0):
+                a = a * factors[:, None, None]
+            else:
+                g = g * factors[:, None, None]
+            matrix = tf.einsum("btd,btp->dp", a, g)
+        return self.from_matrix(matrix)

@@ -1,0 +1,283 @@
+"""The rule for `Conv1D` and `Conv2D`: a `Dense` on image patches.
+
+Example i's kernel gradient is `sum_t patch_t(x_i)^T g_{i,t}` over the output
+positions t, i.e. a `blocks.LinearBlock` whose input rows are the image
+patches of the layer's input. The norms take the batch in chunks so that the
+patches of the whole batch never exist at once; the weighted sum needs no
+patches (one filter-gradient op on the factor-scaled input or output
+gradient). `Conv1D` is a `Conv2D` of height 1.
+"""
+
+import math
+
+import tensorflow as tf
+from keras import ops
+
+from tf_dpadam import keras_internals
+from tf_dpadam.ghost_clipping import blocks
+from tf_dpadam.ghost_clipping import rule
+
+# The image patches of a layer's input are `T d` floats per example. The
+# per-example norms take the batch in chunks of about this many patch floats
+# (at least one example), so that the patches of the whole batch are never
+# held at once; the clipped sum needs no patches at all. Measured on the
+# paper's CNN at B=256 (benchmarks/benchmark.py): 4M floats (16 MiB) peaked
+# at ~1.6x the tensor memory of a non-private step, 1M at ~1.2x.
+PATCH_FLOATS_PER_CHUNK = 1 << 20
+
+
+def _same_padding(size, kernel, stride, rate):
+    """TensorFlow's "SAME" padding `(before, after, output size)`."""
+    effective = (kernel - 1) * rate + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + effective - size, 0)
+    return total // 2, total - total // 2, out
+
+
+def _batch_slice(t, start, size):
+    """`t[start:start + size]` for a dynamic `start` and a static `size`.
+
+    Every size is given explicitly (static where known): with a dynamic start
+    and size -1 ("to the end"), XLA pads the operand to twice its size in
+    every dimension before slicing (16x the output gradient of a 2-D
+    convolution, 512 MiB for the paper's first layer at B = 256).
+    """
+    rest = [d if d is not None else tf.shape(t)[i + 1]
+            for i, d in enumerate(t.shape[1:])]
+    return tf.slice(t, [start] + [0] * len(rest), [size] + rest)
+
+
+def image_patches(x, sizes, strides, rates, padding):
+    """`tf.image.extract_patches` (channels last) of `x` `[B, H, W, C]`.
+
+    Returns `[B, H', W', kh * kw * C]` with the depth ordered (row, column,
+    channel), like a `[kh, kw, C, F]` kernel reshaped to `[kh * kw * C, F]`.
+    With static spatial sizes the patches are strided slices of the padded
+    input concatenated on the channel axis, which is several times faster
+    on CPU than the ExtractImagePatches kernel.
+    """
+    padding = padding.upper()
+    height, width = x.shape[1], x.shape[2]
+    if height is None or width is None:
+        return tf.image.extract_patches(
+            x, sizes=[1, *sizes, 1], strides=[1, *strides, 1],
+            rates=[1, *rates, 1], padding=padding,
+        )
+    pads, outs = [], []
+    for size, kernel, stride, rate in zip((height, width), sizes, strides,
+                                          rates):
+        if padding == "SAME":
+            before, after, out = _same_padding(size, kernel, stride, rate)
+        else:
+            before, after = 0, 0
+            out = -(-(size - (kernel - 1) * rate) // stride)
+        pads.append((before, after))
+        outs.append(out)
+    if any(p != (0, 0) for p in pads):
+        x = tf.pad(x, [(0, 0), *pads, (0, 0)])
+    pieces = []
+    for i in range(sizes[0]):
+        for j in range(sizes[1]):
+            top, left = i * rates[0], j * rates[1]
+            pieces.append(x[
+                :,
+                top:top + (outs[0] - 1) * strides[0] + 1:strides[0],
+                left:left + (outs[1] - 1) * strides[1] + 1:strides[1],
+                :,
+            ])
+    if len(pieces) == 1:
+        return pieces[0]
+    return tf.concat(pieces, axis=-1)
+
+
+class ConvolutionRule(rule.Rule):
+    """`Conv1D` / `Conv2D`: a Dense on image patches."""
+
+    name = "Conv"
+    overridable = ("call", "convolution_op")
+
+    @classmethod
+    def refusal(cls, layer):
+        if getattr(layer, "groups", 1) != 1:
+            return "groups > 1"
+        return None
+
+    weight_names = ("kernel", "bias")
+
+    def intercept(self, recording, original, *args, **kwargs):
+        layer = self.layer
+        x = rule.first_input(args, kwargs)
+        padding = layer.padding
+        if padding == "causal":
+            x = ops.pad(x, keras_internals.causal_padding(layer))
+            padding = "valid"
+        z = ops.conv(
+            x, rule.stopped(layer.kernel), strides=list(layer.strides),
+            padding=padding, dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
+        if layer.use_bias:
+            if layer.data_format == "channels_last":
+                shape = (1,) * (layer.rank + 1) + (layer.filters,)
+            else:
+                shape = (1, layer.filters) + (1,) * layer.rank
+            z = ops.add(z, ops.reshape(rule.stopped(layer.bias), shape))
+        recording.tape.watch(z)
+        self.records.append({
+            "a": recording.check_batch(x, layer), "padding": padding, "taps": [z]
+        })
+        return layer.activation(z) if layer.activation is not None else z
+
+    def blocks(self, recording, tap_grads):
+        layer = self.layer
+        kernel, bias = self.variable("kernel"), self.variable("bias")
+        inputs, grads = [], []
+        for record, (g,) in zip(self.records, tap_grads):
+            x = ops.cast(record["a"], "float32")
+            g = ops.cast(g, "float32")
+            if layer.data_format == "channels_first":
+                x = tf.transpose(x, [0, *range(2, layer.rank + 2), 1])
+                g = tf.transpose(g, [0, *range(2, layer.rank + 2), 1])
+            if layer.rank == 1:
+                x, g = x[:, None], g[:, None]
+            inputs.append((x, record["padding"]))
+            grads.append(g)
+        out = {}
+        if kernel is not None:
+            out[id(kernel)] = [ConvolutionBlock(layer, inputs, grads, recording)]
+        if bias is not None:
+            out[id(bias)] = [blocks.MaterializedBlock(tf.add_n([
+                ops.sum(g, axis=(1, 2)) for g in grads
+            ]))]
+        return out
+
+
+class ConvolutionBlock:
+    """A convolution kernel used on one or more inputs (channels last, 2-D).
+
+    Example i's kernel gradient is `sum_t patch_t(x_i)^T g_{i,t}`, a
+    `blocks.LinearBlock` on image patches. The squared norms are computed from the
+    patches of a chunk of examples at a time (`PATCH_FLOATS_PER_CHUNK`),
+    one chunk after the other; the clipped sum `sum_i c_i grad_i` is the
+    kernel gradient of the batched convolution of the inputs `c_i x_i` with
+    output gradients `g_i` (or of `x_i` with `c_i g_i`, whichever copy is
+    smaller): one filter-gradient op, no patches.
+    """
+
+    def __init__(self, layer, inputs, grads, recording):
+        self.layer = layer
+        self.inputs, self.grads = inputs, grads
+        self.batch_size = recording.batch_size
+        self.shape = tuple(layer.kernel.shape)
+        self.kernel_size = list(layer.kernel_size)
+        self.strides = list(layer.strides)
+        self.rates = list(layer.dilation_rate)
+        if layer.rank == 1:
+            self.kernel_size = [1] + self.kernel_size
+            self.strides = [1] + self.strides
+            self.rates = [1] + self.rates
+        self.d = math.prod(self.shape[:-1])
+        self.p = self.shape[-1]
+        positions = [
+            math.prod(g.shape[1:3]) if None not in g.shape[1:3] else None
+            for g in grads
+        ]
+        if None in positions:
+            self.chunk = 32
+        else:
+            self.chunk = max(
+                1, PATCH_FLOATS_PER_CHUNK // (sum(positions) * self.d)
+            )
+
+    def _to_matrix(self, w):
+        return tf.reshape(ops.cast(w, "float32"), [self.d, self.p])
+
+    def _linear_block(self, inputs, grads, start=0, size=None):
+        """The `LinearBlock` of examples `start` to `start + size` (all)."""
+        a_list, g_list = [], []
+        for (x, padding), g in zip(inputs, grads):
+            if size is not None:
+                x = _batch_slice(x, start, size)
+                g = _batch_slice(g, start, size)
+            patches = image_patches(x, self.kernel_size, self.strides,
+                                     self.rates, padding)
+            t = patches.shape[1] * patches.shape[2] if None not in (
+                patches.shape[1], patches.shape[2]) else -1
+            a_list.append(tf.reshape(patches, [tf.shape(x)[0], t, self.d]))
+            g_list.append(tf.reshape(g, [tf.shape(x)[0], t, self.p]))
+        a = ops.concatenate(a_list, axis=1) if len(a_list) > 1 else a_list[0]
+        g = ops.concatenate(g_list, axis=1) if len(g_list) > 1 else g_list[0]
+        return blocks.LinearBlock(a, g, self._to_matrix, None)
+
+    def squared_norms(self, reg_grad=None):
+        static = self.grads[0].shape[0]
+        chunk = self.chunk
+        if static is not None and static <= chunk:
+            block = self._linear_block(self.inputs, self.grads)
+            return block.squared_norms(reg_grad)
+
+        def one_chunk(start):
+            block = self._linear_block(inputs, grads, start, chunk)
+            return block.squared_norms(reg_grad)
+
+        def chunk_norms(starts):
+            # One chunk at a time: parallel iterations would hold their
+            # patches together again.
+            return tf.map_fn(
+                one_chunk, starts,
+                fn_output_signature=tf.TensorSpec([chunk], tf.float32),
+                parallel_iterations=1,
+            )
+
+        if static is not None:
+            # Chunks of a static size; the last one ends at the batch's end,
+            # overlapping its predecessor (the overlap's norms are computed
+            # twice and dropped). No padded copy of the batch is made.
+            inputs, grads = self.inputs, self.grads
+            count = -(-static // chunk)
+            starts = tf.minimum(tf.range(count) * chunk, static - chunk)
+            norms = chunk_norms(starts)
+            return tf.concat([tf.reshape(norms[:-1], [-1]),
+                              norms[-1, count * chunk - static:]], axis=0)
+        # A batch size known only at run time: zero examples fill the last
+        # chunk (their norms are 0, cut below).
+        count = (self.batch_size + chunk - 1) // chunk
+        extra = [[0, count * chunk - self.batch_size], [0, 0], [0, 0], [0, 0]]
+        inputs = [(tf.pad(x, extra), padding) for x, padding in self.inputs]
+        grads = [tf.pad(g, extra) for g in self.grads]
+        norms = chunk_norms(tf.range(count) * chunk)
+        return tf.reshape(norms, [-1])[:self.batch_size]
+
+    def weighted_sum(self, factors):
+        kernel = tf.zeros(
+            self.kernel_size + [self.shape[-2], self.p], tf.float32
+        )
+        # sum_i c_i grad_i is bilinear in (input_i, output gradient_i):
+        # scale the smaller of the two (for most convolutions the input), so
+        # that the weighted copy is small.
+        inputs, grads = [], []
+        for (x, padding), g in zip(self.inputs, self.grads):
+            if _example_size(x) <= _example_size(g):
+                x = x * factors[:, None, None, None]
+            else:
+                g = g * factors[:, None, None, None]
+            inputs.append((x, padding))
+            grads.append(g)
+        with tf.GradientTape() as tape:
+            tape.watch(kernel)
+            # Only the filter gradient is used: in a graph the forward
+            # convolutions themselves are pruned.
+            outputs = [
+                tf.nn.convolution(x, kernel, strides=self.strides,
+                                  padding=padding.upper(),
+                                  dilations=self.rates)
+                for x, padding in inputs
+            ]
+        matrix = tape.gradient(outputs, kernel, output_gradients=grads)
+        return tf.reshape(matrix, self.shape)
+
+
+def _example_size(t):
+    """Floats per example of `t` (a large number when not static)."""
+    dims = t.shape[1:]
+    return math.prod(dims) if None not in dims else math.inf

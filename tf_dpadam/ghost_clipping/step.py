@@ -1,0 +1,301 @@
+"""The ghost clipping step: record, backward to the taps, norms, factors, sum.
+
+1. **record**: one batched forward pass with every rule intercepting its
+   layer's call (`Recording`), and the per-example losses;
+2. **backward**: one gradient of `sum_i loss_i` to the recorded taps (no
+   layer mixes examples, so the tap gradient of example i is its own);
+3. **norms**: the rules turn records and tap gradients into blocks; each
+   example's squared norm is the sum of its blocks' squared norms (plus the
+   regularization terms);
+4. **factors**: `c_i = min(1, C / norm_i)` times the mask;
+5. **sum**: each variable's `sum_i c_i grad_i` from its blocks.
+
+This module knows no layer; the rules know no clipping.
+"""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from tf_dpadam import dp_math
+from tf_dpadam import keras_internals
+from tf_dpadam.ghost_clipping import plan as plan_lib
+
+
+class GhostClippingUnsupportedError(Exception):
+    """The model (or this trace of it) cannot use ghost clipping.
+
+    Raised while tracing, before anything is applied; the caller falls back to
+    the vectorized path. (Derives from `Exception` without its own `__init__`
+    so that AutoGraph re-raises it with its type instead of wrapping it in a
+    `StagingError`.)
+    """
+
+
+class Recording:
+    """What the rules see of the forward pass they record.
+
+    Attributes:
+        tape: the step's tape (rules watch their taps on it).
+        batch_size: the batch size (a scalar tensor).
+        static_batch_size: the batch size if known at trace time, else None.
+        active: whether the rules record (True inside `recorded`).
+        errors: problems found while recording (the step raises them).
+    """
+
+    def __init__(self, tape, batch_size, static_batch_size):
+        self.tape = tape
+        self.batch_size = batch_size
+        self.static_batch_size = static_batch_size
+        self.graph = tf.compat.v1.get_default_graph()
+        self.errors = []
+        self.active = False
+
+    def same_graph(self):
+        """False inside control flow (a `tf.while_loop`'s body, ...)."""
+        return tf.compat.v1.get_default_graph() is self.graph
+
+    def error(self, message):
+        self.errors.append(message)
+
+    def check_batch(self, t, layer):
+        """`t` with its leading axis checked to be the batch axis."""
+        if not tf.is_tensor(t):
+            return t
+        t = tf.convert_to_tensor(t)
+        if t.shape.rank == 0:
+            self.error(f"layer {layer.name!r} receives a scalar tensor")
+            return t
+        static = t.shape[0]
+        # A statically known leading size must be the batch size (an unknown
+        # one is checked at run time below).
+        if static is not None and static != self.static_batch_size:
+            self.error(
+                f"layer {layer.name!r} receives a tensor of shape {t.shape}"
+                " whose leading axis is not the batch axis (batch size"
+                f" {self.static_batch_size})"
+            )
+            return t
+        # Fails at run time if the leading axis is not the batch size.
+        return tf.reshape(
+            t, tf.concat([[self.batch_size], tf.shape(t)[1:]], axis=0)
+        )
+
+
+@contextlib.contextmanager
+def recorded(rules, recording):
+    """Installs the rules' interceptions; removes them on exit."""
+    installed = []
+    try:
+        for rule in rules:
+            rule.reset()
+            rule.install(recording)
+            installed.append(rule)
+        recording.active = True
+        yield
+    finally:
+        recording.active = False
+        for rule in reversed(installed):
+            rule.uninstall()
+
+
+@tf.autograph.experimental.do_not_convert
+def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
+                         l2_norm_clip, mask=None, training=True):
+    """The sum of per-example gradients clipped to norm C, by ghost clipping.
+
+    Args:
+        model: a built Keras model.
+        per_example_loss_fn: `f(y, y_pred, sample_weight) -> [B]` losses,
+            WITHOUT regularization losses (they are added here, as every
+            example's loss in the vectorized path includes them);
+            `compiled_loss_fn(model)` builds it from the compiled loss.
+        x, y, sample_weight: the batch (`sample_weight` may be `None`).
+        l2_norm_clip: C.
+        mask: optional `[B]` of 0/1; examples with 0 contribute nothing.
+        training: passed to the model call.
+
+    Returns:
+        `(summed, norms, losses, y_pred)`: one tensor per
+        `model.trainable_variables` (the sum over examples of
+        `min(1, C / norm_i) * mask_i * grad_i`), the per-example gradient
+        norms `[B]` before clipping, the per-example losses `[B]` (with the
+        regularization term) and the batched predictions.
+
+    Raises:
+        GhostClippingUnsupportedError: at trace time, if the model cannot use
+            ghost clipping; nothing has been applied.
+    """
+    if keras_internals.in_stateless_scope():
+        raise GhostClippingUnsupportedError(
+            "ghost clipping does not run inside a keras.StatelessScope"
+        )
+    plan = plan_lib.Plan(model)
+    if plan.problems:
+        raise GhostClippingUnsupportedError(format_problems(plan.problems))
+    variables = model.trainable_variables
+    first = tf.convert_to_tensor(tf.nest.flatten(x)[0])
+    batch_size = tf.shape(first)[0]
+
+    # 1. Record.
+    with tf.GradientTape() as tape:
+        recording = Recording(tape, batch_size, first.shape[0])
+        with recorded(plan.rules, recording):
+            y_pred = model(x, training=training)
+        losses = ops.cast(per_example_loss_fn(y, y_pred, sample_weight),
+                          "float32")
+        total = ops.sum(losses)
+    _check_recording(model, recording, losses)
+    # 2. Backward to the taps.
+    tap_grads = _tap_gradients(tape, total, plan, variables)
+    # 3. Norms.
+    blocks = _blocks(plan, recording, tap_grads)
+    regularization, reg_grads = _regularization(model)
+    norms = _norms(variables, blocks, reg_grads, batch_size)
+    # 4. Clip factors.
+    factors = dp_math.clip_factors(norms, l2_norm_clip)
+    if mask is not None:
+        factors = factors * ops.cast(mask, factors.dtype)
+    # 5. The weighted sums.
+    summed = _weighted_sums(variables, blocks, reg_grads, factors)
+
+    if regularization is not None:
+        losses = losses + ops.cast(regularization, losses.dtype)
+    for rule in plan.rules:
+        rule.reset()
+    return summed, norms, losses, y_pred
+
+
+def _check_recording(model, recording, losses):
+    if recording.errors:
+        raise GhostClippingUnsupportedError("; ".join(recording.errors))
+    if keras_internals.losses_added_in_call(model):
+        raise GhostClippingUnsupportedError(
+            "the model adds losses in call (add_loss or activity"
+            " regularization); they are per-example terms this module does"
+            " not decompose"
+        )
+    if len(losses.shape) != 1:
+        raise ValueError(
+            f"per_example_loss_fn must return a [batch] vector, got shape"
+            f" {losses.shape}"
+        )
+
+
+def _tap_gradients(tape, total, plan, variables):
+    """The gradients of the loss w.r.t. every rule's taps.
+
+    Ghost rules compute with stopped weights, so a ghost variable with a
+    gradient of its own is used outside its layer's call: refused.
+    """
+    ghost_variables = [
+        v for v in variables if plan.owner[id(v)].kind == "ghost"
+    ]
+    taps = [rule.taps() for rule in plan.rules]
+    tap_grads, unexpected = tape.gradient(
+        total, (taps, ghost_variables),
+        unconnected_gradients=tf.UnconnectedGradients.NONE,
+    )
+    leaked = [v.path for v, g in zip(ghost_variables, unexpected)
+              if g is not None]
+    if leaked:
+        raise GhostClippingUnsupportedError(
+            f"variables {leaked} are used outside their layer's call (e.g."
+            " tied weights, or a per_example_loss_fn that includes"
+            " regularization losses); their gradients would be incomplete"
+        )
+    # A tap the loss does not depend on has gradient zero.
+    return [
+        [[g if g is not None or t is None else tf.zeros_like(t)
+          for t, g in zip(record_taps, record_grads)]
+         for record_taps, record_grads in zip(rule_taps, rule_grads)]
+        for rule_taps, rule_grads in zip(taps, tap_grads)
+    ]
+
+
+def _blocks(plan, recording, tap_grads):
+    """`{id(variable): [block, ...]}` over all rules that recorded a call."""
+    blocks = {}
+    for rule, grads in zip(plan.rules, tap_grads):
+        if not rule.records:
+            continue
+        produced = rule.blocks(recording, grads)
+        missing = [v.path for v in rule.variables if id(v) not in produced]
+        if rule.kind == "ghost" and missing:
+            # E.g. a subclass whose kernel is computed from other weights:
+            # the rule would drop their gradients, not compute them.
+            raise GhostClippingUnsupportedError(
+                f"layer {rule.layer.name!r} has trainable weights"
+                f" {missing} that its ghost rule does not know"
+            )
+        for key, value in produced.items():
+            blocks.setdefault(key, []).extend(value)
+    return blocks
+
+
+def _regularization(model):
+    """`(R, {id(var): grad R})` over trainable weights with a regularizer.
+
+    As in the vectorized path, every example's loss includes the whole
+    regularization term R, so example i's gradient is `h_i + grad R`: its
+    squared norm is `||h_i||^2 + 2 h_i . grad R + ||grad R||^2` and the
+    clipped sum `sum_i c_i h_i + (sum_i c_i) grad R`.
+    """
+    regularized = [
+        v for v in model.trainable_weights
+        if getattr(v, "regularizer", None) is not None
+    ]
+    if not regularized:
+        return None, {}
+    with tf.GradientTape() as tape:
+        terms = []
+        for v in regularized:
+            loss = v.regularizer(v)
+            if not loss.dtype.is_floating:
+                loss = ops.cast(loss, keras.config.floatx())
+            terms.append(ops.sum(loss))
+        total = ops.sum(ops.stack(terms))
+    grads = tape.gradient(total, regularized)
+    return total, {
+        id(v): g for v, g in zip(regularized, grads) if g is not None
+    }
+
+
+def _norms(variables, blocks, reg_grads, batch_size):
+    """Each example's gradient norm `[B]` over all variables."""
+    squared = tf.zeros([batch_size], "float32")
+    for v in variables:
+        reg = reg_grads.get(id(v))
+        for block in blocks.get(id(v), []):
+            squared = squared + block.squared_norms(reg)
+        if reg is not None:
+            squared = squared + ops.sum(ops.square(ops.cast(reg, "float32")))
+    return ops.sqrt(ops.maximum(squared, 0.0))
+
+
+def _weighted_sums(variables, blocks, reg_grads, factors):
+    """`sum_i factors_i grad_i` per variable (zeros without gradient)."""
+    summed = []
+    for v in variables:
+        parts = [block.weighted_sum(factors) for block in blocks.get(id(v), [])]
+        reg = reg_grads.get(id(v))
+        if reg is not None:
+            parts.append(ops.sum(factors) * ops.cast(reg, "float32"))
+        if parts:
+            s = parts[0]
+            for part in parts[1:]:
+                s = s + part
+            s = tf.reshape(ops.cast(s, v.dtype), v.shape)
+        else:
+            s = tf.zeros(v.shape, v.dtype)
+        summed.append(s)
+    return summed
+
+
+def format_problems(problems):
+    """One message from the plan's `(name, reason)` problems."""
+    return "ghost clipping does not support: " + "; ".join(
+        f"{name}: {reason}" for name, reason in problems
+    )
