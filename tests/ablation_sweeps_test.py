@@ -8,7 +8,8 @@ from examples import ablation_sweeps
 from examples import common
 from examples import experiments
 from examples.ablation_sweeps import Arm
-from runs_test import copy_testdata
+
+import helpers
 
 
 class SweptValuesTest(parameterized.TestCase):
@@ -133,7 +134,7 @@ class SweptValuesTest(parameterized.TestCase):
         arms = ablation_sweeps.unique_arms(ablations.values())
         self.assertLen(arms, 7)
         records = ablation_sweeps.collect(
-            arms, (0, 1), base=base, runs_dir=copy_testdata("runs_ablations"),
+            arms, (0, 1), base=base, runs_dir=helpers.copy_testdata("runs_ablations"),
             data=experiments.data_spec("fashion_mnist"))
         # Every arm at seed 0 (seed 1 was not run).
         self.assertEqual(set(records), {(arm, 0) for arm in arms})

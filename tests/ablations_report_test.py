@@ -10,7 +10,8 @@ from examples import ablation_sweeps
 from examples import ablations_report
 from examples import common
 from examples import experiments
-from runs_test import copy_testdata
+
+import helpers
 
 _GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "testdata", "golden")
@@ -41,7 +42,7 @@ class RecordedRunsTest(absltest.TestCase):
         # tests/testdata/golden was rendered from the same runs before the
         # report code moved out of examples/ablations.py (seed 1 of the
         # reference was never run: "not run").
-        runs_dir = copy_testdata("runs_ablations")
+        runs_dir = helpers.copy_testdata("runs_ablations")
         output_dir = tempfile.mkdtemp()
         path = ablations_report.write_report(
             spread_seeds=(1,), output_dir=output_dir,

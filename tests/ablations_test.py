@@ -12,7 +12,8 @@ from examples import ablation_sweeps
 from examples import ablations
 from examples import common
 from examples import experiments
-from runs_test import fake_train_fn
+
+import helpers
 
 
 class PipelineTest(absltest.TestCase):
@@ -33,7 +34,7 @@ class PipelineTest(absltest.TestCase):
                       machine={"platform": "test-machine", "cpu_count": 2})
         path = ablations.run_ablations(
             ablation_sweeps.ABLATIONS,
-            train_fn=fake_train_fn(lambda c: 0.8, trained),
+            train_fn=helpers.fake_train_fn(lambda c: 0.8, trained),
             command="python -m examples.ablations", **kwargs)
         # phi: 2 (with the reference); gamma: + 1e-8; beta: DP-AdamBC
         # paired, DP-Adam paired and DP-Adam default; lr: + DP-AdamBC at

@@ -12,13 +12,13 @@ import sys
 import tempfile
 from unittest import mock
 
-import numpy as np
 from absl.testing import absltest
 
-from diagnostics_moments_test import hand_made_snapshot
 from tf_dpadam import diagnostics
 from tf_dpadam.diagnostics import moments
 from tf_dpadam.diagnostics import report
+
+import helpers
 
 _GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "testdata", "golden")
@@ -37,7 +37,7 @@ def _golden(name):
 
 
 def _noiseless_snapshot():
-    s = hand_made_snapshot()
+    s = helpers.hand_made_snapshot()
     return moments.MomentSnapshot(
         step=1, phi=0.0, gamma=1e-14, noise_phi=0.0, beta_1=0.9,
         beta_2=0.999, m_clean=s.m_clean, v_clean=s.v_clean,
@@ -48,7 +48,7 @@ def _noiseless_snapshot():
 class MarkdownTest(absltest.TestCase):
 
     def test_tables_match_the_recorded_ones(self):
-        self.assertEqual(report.summary_markdown(hand_made_snapshot()),
+        self.assertEqual(report.summary_markdown(helpers.hand_made_snapshot()),
                          _golden("MOMENT_SUMMARY_noisy.md"))
         # Without noise the ratios to Phi are "n/a".
         self.assertEqual(report.summary_markdown(_noiseless_snapshot()),
@@ -56,7 +56,7 @@ class MarkdownTest(absltest.TestCase):
 
     def test_tables_need_no_matplotlib(self):
         with mock.patch.dict(sys.modules, _NO_MATPLOTLIB):
-            table = report.summary_markdown(hand_made_snapshot())
+            table = report.summary_markdown(helpers.hand_made_snapshot())
         self.assertIn("| v^p − Φ | 1 | 3.25 | 6.5 | 10.8 | 16 | 7.5 |", table)
 
 
@@ -64,12 +64,12 @@ class HistogramTest(absltest.TestCase):
 
     def test_render_report_writes_pngs_and_links_them(self):
         directory = tempfile.mkdtemp()
-        snapshots = [hand_made_snapshot(), _noiseless_snapshot()]
+        snapshots = [helpers.hand_made_snapshot(), _noiseless_snapshot()]
         markdown = report.render_report(snapshots, directory, "diag")
         # In step order, each with its tables and its histogram.
         self.assertLess(markdown.index("### Step 1"),
                         markdown.index("### Step 3"))
-        self.assertIn(report.summary_markdown(hand_made_snapshot()), markdown)
+        self.assertIn(report.summary_markdown(helpers.hand_made_snapshot()), markdown)
         for step in (1, 3):
             self.assertIn(f"![Histograms at step {step}](diag_step{step}.png)",
                           markdown)
@@ -83,7 +83,7 @@ class HistogramTest(absltest.TestCase):
             with self.assertRaisesRegex(
                     ImportError, r"save_histograms needs matplotlib \(pip"
                     r" install matplotlib\)\."):
-                report.save_histograms(hand_made_snapshot(), path)
+                report.save_histograms(helpers.hand_made_snapshot(), path)
         self.assertFalse(os.path.exists(path))
 
     def test_matplotlib_is_imported_only_where_plotting_happens(self):

@@ -7,19 +7,7 @@ from tf_dpadam import diagnostics
 from tf_dpadam import dp_math
 from tf_dpadam.diagnostics import moments
 
-
-def hand_made_snapshot():
-    """v^p = v^c + Phi exactly, m^p = m^c (Phi = 0.5, gamma' = 0.01).
-
-    The corrected update is then the clean one, and the biased one is the
-    clean one shrunk by sqrt(v / (v + Phi)).
-    """
-    m = np.array([1.0, -2.0, 3.0, -4.0])
-    v = np.array([1.0, 4.0, 9.0, 16.0])
-    return moments.MomentSnapshot(
-        step=3, phi=0.5, gamma=0.01, noise_phi=0.5, beta_1=0.9, beta_2=0.999,
-        m_clean=m, v_clean=v, m_private=m.copy(), v_private=v + 0.5,
-    )
+import helpers
 
 
 class SummaryStatisticsTest(absltest.TestCase):
@@ -115,7 +103,7 @@ class AdamMathTest(absltest.TestCase):
 class SnapshotSummaryTest(absltest.TestCase):
 
     def test_moment_summary_of_a_hand_made_snapshot(self):
-        summary = moments.moment_summary(hand_made_snapshot())
+        summary = moments.moment_summary(helpers.hand_made_snapshot())
         self.assertEqual(list(summary), list(diagnostics.SUMMARY_ROWS))
         v = np.array([1.0, 4.0, 9.0, 16.0])
         expected = {
@@ -137,7 +125,7 @@ class SnapshotSummaryTest(absltest.TestCase):
                 )
 
     def test_moment_comparison_of_a_hand_made_snapshot(self):
-        comparison = moments.moment_comparison(hand_made_snapshot())
+        comparison = moments.moment_comparison(helpers.hand_made_snapshot())
         self.assertEqual(list(comparison), list(diagnostics.COMPARISON_ROWS))
         v = np.array([1.0, 4.0, 9.0, 16.0])
         self.assertAlmostEqual(comparison["median_v_clean_over_phi"], 13.0)
@@ -161,7 +149,7 @@ class SnapshotSummaryTest(absltest.TestCase):
         self.assertLess(comparison["norm_ratio_private"], 1.0)
 
     def test_without_noise_ratios_to_phi_are_nan(self):
-        s = hand_made_snapshot()
+        s = helpers.hand_made_snapshot()
         noiseless = moments.MomentSnapshot(
             step=1, phi=0.0, gamma=1e-14, noise_phi=0.0, beta_1=0.9,
             beta_2=0.999, m_clean=s.m_clean, v_clean=s.v_clean,

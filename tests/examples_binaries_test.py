@@ -20,7 +20,8 @@ from examples import diagnostics
 from examples import models
 from examples import train_image
 from examples import train_text
-from training_test import train_config
+
+import helpers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ class ImageBinaryTest(absltest.TestCase):
 
     def test_cifar10_through_tfds_mock_data(self):
         model_dir = tempfile.mkdtemp()
-        config = train_config(epochs=4 * 16 / 64, model_dir=model_dir)
+        config = helpers.train_config(epochs=4 * 16 / 64, model_dir=model_dir)
         with tfds.testing.mock_data(num_examples=64):
             results = train_image.run("cifar10", None, config)
         self.assertEqual(results["steps"], 4)
@@ -41,14 +42,14 @@ class ImageBinaryTest(absltest.TestCase):
         self.assertIn("epsilon", saved["history"][-1])
         # A rerun with more steps resumes from the checkpoint: the curve
         # keeps the first two evaluations and the step count goes on.
-        more = train_config(epochs=6 * 16 / 64, model_dir=model_dir)
+        more = helpers.train_config(epochs=6 * 16 / 64, model_dir=model_dir)
         with tfds.testing.mock_data(num_examples=64):
             results = train_image.run("cifar10", None, more)
         self.assertEqual(results["steps"], 6)
         self.assertEqual([r["step"] for r in results["history"]], [2, 4, 6])
 
     def test_target_epsilon_stops_at_the_calibrated_step(self):
-        config = train_config(
+        config = helpers.train_config(
             optimizer="dpsgd", learning_rate=0.5, noise_multiplier=2.0,
             target_epsilon=3.0, eval_every=5,
         )
@@ -96,7 +97,7 @@ class TextBinaryTest(absltest.TestCase):
     def test_sst2_tsv_with_a_tiny_bert(self):
         folder = self.write_sst2()
         backbone = models.make_tiny_bert(sequence_length=16)
-        config = train_config(optimizer="dpadam", epsilon=1e-8,
+        config = helpers.train_config(optimizer="dpadam", epsilon=1e-8,
                               epochs=4 * 16 / 48)
         results = train_text.run("sst2_tsv", folder, None, 16, config,
                                  backbone=backbone, cache_frozen=False)
@@ -111,7 +112,7 @@ class TextBinaryTest(absltest.TestCase):
                                return_value=3 * 80_000), \
                 mock.patch.object(models, "frozen_features") as features:
             results = train_text.run(
-                "sst2_tsv", folder, None, 16, train_config(epochs=2 * 16 / 48),
+                "sst2_tsv", folder, None, 16, helpers.train_config(epochs=2 * 16 / 48),
                 backbone=backbone, feature_cache={})
         features.assert_not_called()
         self.assertEqual(results["steps"], 2)
@@ -131,7 +132,7 @@ class TextBinaryTest(absltest.TestCase):
         with mock.patch.object(models, "frozen_features", counting):
             first = train_text.run(
                 "sst2_tsv", folder, None, 16,
-                train_config(epochs=2 * 16 / 48, model_dir=model_dir),
+                helpers.train_config(epochs=2 * 16 / 48, model_dir=model_dir),
                 backbone=backbone,
                 feature_cache=cache)
             self.assertEqual(calls, [48, 16])  # Train and dev, once each.
@@ -139,7 +140,7 @@ class TextBinaryTest(absltest.TestCase):
             # model and trains on the cached features.
             second = train_text.run(
                 "sst2_tsv", folder, None, 16,
-                train_config(epochs=4 * 16 / 48, model_dir=model_dir),
+                helpers.train_config(epochs=4 * 16 / 48, model_dir=model_dir),
                 backbone=backbone, feature_cache=cache)
         self.assertEqual(calls, [48, 16])
         # The whole classifier, with the trained top (from the resumed
@@ -174,7 +175,7 @@ class TextBinaryTest(absltest.TestCase):
 
     def test_snli_through_tfds_mock_data(self):
         backbone = models.make_tiny_bert(sequence_length=16)
-        config = train_config(optimizer="dpsgd", learning_rate=1.0,
+        config = helpers.train_config(optimizer="dpsgd", learning_rate=1.0,
                          epochs=2 * 16 / 64)
         with tfds.testing.mock_data(num_examples=64):
             results = train_text.run("snli", None, None, 16, config,
@@ -188,7 +189,7 @@ class DiagnosticsBinaryTest(absltest.TestCase):
         rng = np.random.default_rng(0)
         data = (rng.normal(size=(64, 3)).astype("float32"),
                 rng.integers(0, 2, size=64))
-        config = train_config(optimizer="dpadam", epsilon=1e-8,
+        config = helpers.train_config(optimizer="dpadam", epsilon=1e-8,
                          epochs=3 * 16 / 64, eval_every=1, noise_seed=4)
         with mock.patch.object(
                 tf_dpadam.data, "poisson_batches",

@@ -11,24 +11,11 @@ from examples import common
 from examples import experiments
 from examples import runs
 from examples.runs import Setting
-from runs_test import copy_testdata
-from runs_test import fake_train_fn
 
-_GRIDS = {"dpsgd": (0.1, 1.0), "dpadam": (1e-3, 1e-2),
-          "dpadam_corrected": (1e-3, 1e-2)}
-_GAMMAS = {"dpadam": (1e-8,), "dpadam_corrected": (None,)}
+import helpers
 
-
-def recorded_plan(runs_dir):
-    """The plan of the recorded runs in tests/testdata/runs_fashion_mnist:
-    64 examples, B = 16, one epoch (4 steps), 2 x 3 settings, seeds 0, 1."""
-    base = common.base_config(
-        "fashion_mnist", batch_size=16, noise_multiplier=1.0,
-        target_epsilon=None, epochs=1.0, eval_every=2)
-    return experiments.make_plan(
-        "fashion_mnist", base=base, learning_rates=_GRIDS, gammas=_GAMMAS,
-        seeds=(0, 1), runs_dir=runs_dir,
-        data=experiments.data_spec("fashion_mnist"))
+_GRIDS = helpers.RECORDED_GRIDS
+_GAMMAS = helpers.RECORDED_GAMMAS
 
 
 class GridTest(absltest.TestCase):
@@ -53,7 +40,7 @@ class GridTest(absltest.TestCase):
                          (0.52, 256, 1e-5))
         with self.assertRaisesRegex(ValueError, "epochs"):
             common.base_config("fashion_mnist", target_epsilon=0)
-        plan = recorded_plan("/runs")
+        plan = helpers.recorded_plan("/runs")
         self.assertEqual((plan.tune_seed, plan.seeds), (0, (0, 1)))
         config = experiments.planned_config(plan, Setting("dpsgd", 1.0, None),
                                             1)
@@ -102,7 +89,7 @@ class GridTest(absltest.TestCase):
 class RecordedRunsTest(absltest.TestCase):
 
     def test_collect_and_best_of_tuning(self):
-        plan = recorded_plan(copy_testdata("runs_fashion_mnist"))
+        plan = helpers.recorded_plan(helpers.copy_testdata("runs_fashion_mnist"))
         records = experiments.collect(plan)
         self.assertLen(records, 9)  # 6 tuning runs, 3 more seeds of the best.
         best = experiments.best_of_tuning(plan, records)
@@ -116,10 +103,10 @@ class RecordedRunsTest(absltest.TestCase):
 class PhasesTest(absltest.TestCase):
 
     def test_tune_then_seeds_then_nothing_left(self):
-        plan = recorded_plan(os.path.join(tempfile.mkdtemp(), "runs"))
+        plan = helpers.recorded_plan(os.path.join(tempfile.mkdtemp(), "runs"))
         calls = []
         # The larger the learning rate, the better (DP-SGD: 1.0).
-        train_fn = fake_train_fn(lambda c: min(0.9, c.learning_rate), calls)
+        train_fn = helpers.fake_train_fn(lambda c: min(0.9, c.learning_rate), calls)
         kwargs = dict(command="python -m examples.reproduce",
                       machine={"platform": "test"})
         with self.assertRaisesRegex(ValueError, "--phase=tune first"):
@@ -140,8 +127,8 @@ class PhasesTest(absltest.TestCase):
             experiments.run_phase(plan, None, "everything", **kwargs)
 
     def test_runs_on_other_data_are_refused_before_training(self):
-        runs_dir = copy_testdata("runs_fashion_mnist")
-        plan = recorded_plan(runs_dir)
+        runs_dir = helpers.copy_testdata("runs_fashion_mnist")
+        plan = helpers.recorded_plan(runs_dir)
         other = experiments.make_plan(
             "fashion_mnist", base=plan.base, learning_rates=_GRIDS,
             gammas=_GAMMAS, seeds=(0,), runs_dir=runs_dir,

@@ -1,15 +1,27 @@
-"""Fixtures shared by the test files: small data, small models, seeds."""
+"""Fixtures shared by the test files.
 
+Small data, models and seeds; ghost clipping in lockstep with explicit
+clipping; the examples' recorded runs; a hand-made diagnostics snapshot.
+"""
+
+import dataclasses
+import json
+import os
 import random
+import shutil
+import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from examples import common
+from examples import experiments
 from tf_dpadam import dp_math
 from tf_dpadam import ghost_clipping
 from tf_dpadam import keras_internals
 from tf_dpadam import privatizer
+from tf_dpadam.diagnostics import moments
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -166,3 +178,84 @@ class GhostLockstepMixin:
             self.assertTrue(
                 described[name].startswith(kind), (name, described[name])
             )
+
+
+# The examples: recorded runs (tests/testdata) and runs that do not train.
+
+TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "testdata")
+# The grids of the recorded runs in tests/testdata/runs_fashion_mnist.
+RECORDED_GRIDS = {"dpsgd": (0.1, 1.0), "dpadam": (1e-3, 1e-2),
+                  "dpadam_corrected": (1e-3, 1e-2)}
+RECORDED_GAMMAS = {"dpadam": (1e-8,), "dpadam_corrected": (None,)}
+
+
+def train_config(**overrides):
+    """A small `TrainConfig` (B = 16 in physical batches of 8, lr 1e-3,
+    evaluated every 2 steps); `overrides` replace its values."""
+    values = dict(
+        optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
+        batch_size=16, physical_batch_size=8, learning_rate=1e-3,
+        epsilon=None, phi=None, beta_1=0.9, beta_2=0.999, momentum=0.0,
+        target_epsilon=None, delta=1e-5, epochs=None, eval_every=2,
+        model_dir=None, seed=0, jit_compile=False,
+    )
+    values.update(overrides)
+    return common.TrainConfig(**values)
+
+
+def fake_train_fn(accuracy, calls=None):
+    """A train_fn that writes the metrics.json of a finished 4-step run
+    (evaluated at steps 2 and 4) with `accuracy(config)`, without training."""
+    def train_fn(config):
+        if calls is not None:
+            calls.append(config)
+        value = accuracy(config)
+        results = {
+            "config": dataclasses.asdict(config), "num_examples": 64,
+            "steps": 4, "planned_steps": 4, "epsilon": 4.87, "delta": 1e-5,
+            "test_accuracy": value, "test_loss": 1.0, "wall_seconds": 0.1,
+            "history": [{"step": 2, "val_accuracy": value / 2},
+                        {"step": 4, "val_accuracy": value}],
+        }
+        os.makedirs(config.model_dir, exist_ok=True)
+        with open(os.path.join(config.model_dir, "metrics.json"), "w") as f:
+            json.dump(results, f)
+        return results
+    return train_fn
+
+
+def copy_testdata(name):
+    """A scratch copy of tests/testdata/<name> (a folder of run folders)."""
+    target = os.path.join(tempfile.mkdtemp(), name)
+    shutil.copytree(os.path.join(TESTDATA, name), target)
+    return target
+
+
+def recorded_plan(runs_dir):
+    """The plan of the recorded runs in tests/testdata/runs_fashion_mnist:
+    64 examples, B = 16, one epoch (4 steps), 2 x 3 settings, seeds 0, 1."""
+    base = common.base_config(
+        "fashion_mnist", batch_size=16, noise_multiplier=1.0,
+        target_epsilon=None, epochs=1.0, eval_every=2)
+    return experiments.make_plan(
+        "fashion_mnist", base=base, learning_rates=RECORDED_GRIDS,
+        gammas=RECORDED_GAMMAS,
+        seeds=(0, 1), runs_dir=runs_dir,
+        data=experiments.data_spec("fashion_mnist"))
+
+
+# The diagnostics.
+
+def hand_made_snapshot():
+    """v^p = v^c + Phi exactly, m^p = m^c (Phi = 0.5, gamma' = 0.01).
+
+    The corrected update is then the clean one, and the biased one is the
+    clean one shrunk by sqrt(v / (v + Phi)).
+    """
+    m = np.array([1.0, -2.0, 3.0, -4.0])
+    v = np.array([1.0, 4.0, 9.0, 16.0])
+    return moments.MomentSnapshot(
+        step=3, phi=0.5, gamma=0.01, noise_phi=0.5, beta_1=0.9, beta_2=0.999,
+        m_clean=m, v_clean=v, m_private=m.copy(), v_private=v + 0.5,
+    )

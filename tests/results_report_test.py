@@ -14,8 +14,8 @@ from examples import experiments
 from examples import results_report
 from examples import runs
 from examples.runs import Setting
-from experiments_test import recorded_plan
-from runs_test import copy_testdata
+
+import helpers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GOLDEN = os.path.join(_ROOT, "tests", "testdata", "golden")
@@ -39,10 +39,10 @@ class RecordedRunsTest(absltest.TestCase):
     def test_report_of_the_recorded_runs_is_unchanged(self):
         # tests/testdata/golden was rendered from the same runs before the
         # report code moved out of examples/reproduce.py.
-        runs_dir = copy_testdata("runs_fashion_mnist")
+        runs_dir = helpers.copy_testdata("runs_fashion_mnist")
         output_dir = tempfile.mkdtemp()
         path = results_report.write_report(
-            recorded_plan(runs_dir), output_dir,
+            helpers.recorded_plan(runs_dir), output_dir,
             "python -m examples.reproduce --phase=report", _MACHINE)
         self.assertEqual(path, os.path.join(output_dir,
                                             "RESULTS_fashion_mnist.md"))
@@ -71,7 +71,7 @@ class RecordedRunsTest(absltest.TestCase):
                          _read(os.path.join(docs, "RESULTS.md")))
 
     def test_summary_record_of_the_recorded_runs(self):
-        plan = recorded_plan(copy_testdata("runs_fashion_mnist"))
+        plan = helpers.recorded_plan(helpers.copy_testdata("runs_fashion_mnist"))
         records = experiments.collect(plan)
         best = experiments.best_of_tuning(plan, records)
         summary = results_report.summary_record(

@@ -4,7 +4,6 @@ refused when it holds another run; on recorded runs and a fake training."""
 import dataclasses
 import json
 import os
-import shutil
 import tempfile
 
 from absl.testing import absltest
@@ -13,32 +12,12 @@ from examples import common
 from examples import runs
 from examples.runs import Setting
 
-_TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                         "testdata")
+import helpers
+
+_TESTDATA = helpers.TESTDATA
 _BC = Setting("dpadam_corrected", 1e-3, None)
 _DATA = {"task": "fashion_mnist", "dataset": "fashion_mnist",
          "max_examples": None}
-
-
-def fake_train_fn(accuracy, calls=None):
-    """A train_fn that writes the metrics.json of a finished 4-step run
-    (evaluated at steps 2 and 4) with `accuracy(config)`, without training."""
-    def train_fn(config):
-        if calls is not None:
-            calls.append(config)
-        value = accuracy(config)
-        results = {
-            "config": dataclasses.asdict(config), "num_examples": 64,
-            "steps": 4, "planned_steps": 4, "epsilon": 4.87, "delta": 1e-5,
-            "test_accuracy": value, "test_loss": 1.0, "wall_seconds": 0.1,
-            "history": [{"step": 2, "val_accuracy": value / 2},
-                        {"step": 4, "val_accuracy": value}],
-        }
-        os.makedirs(config.model_dir, exist_ok=True)
-        with open(os.path.join(config.model_dir, "metrics.json"), "w") as f:
-            json.dump(results, f)
-        return results
-    return train_fn
 
 
 def _config(model_dir, setting=_BC, seed=0):
@@ -95,7 +74,7 @@ class RunFolderTest(absltest.TestCase):
         model_dir = os.path.join(tempfile.mkdtemp(), "run")
         config = _config(model_dir)
         calls = []
-        train_fn = fake_train_fn(lambda c: 0.75, calls)
+        train_fn = helpers.fake_train_fn(lambda c: 0.75, calls)
         kwargs = dict(data=_DATA, command="python -m x",
                       machine={"platform": "p"})
         self.assertIsNone(runs.load_record(model_dir, config, _DATA))
@@ -117,14 +96,14 @@ class RunFolderTest(absltest.TestCase):
         open(os.path.join(model_dir, "checkpoint.keras"), "w").close()
         self.assertIsNone(runs.load_record(model_dir, config, _DATA))
         record = runs.execute(model_dir, config,
-                              train_fn=fake_train_fn(lambda c: 0.5),
+                              train_fn=helpers.fake_train_fn(lambda c: 0.5),
                               data=_DATA, command="x", machine={})
         self.assertTrue(record.resumed)
 
     def test_other_hyperparameters_or_data_are_refused(self):
         model_dir = os.path.join(tempfile.mkdtemp(), "run")
         config = _config(model_dir)
-        runs.execute(model_dir, config, train_fn=fake_train_fn(lambda c: 0.5),
+        runs.execute(model_dir, config, train_fn=helpers.fake_train_fn(lambda c: 0.5),
                      data=_DATA, command="x", machine={})
         other = dataclasses.replace(config, learning_rate=1e-2)
         with self.assertRaisesRegex(ValueError, r"other hyperparameters "
@@ -150,13 +129,6 @@ class RunFolderTest(absltest.TestCase):
         info = runs.machine_info()
         for key in ("platform", "cpu_count", "python", "tensorflow", "keras"):
             self.assertIn(key, info)
-
-
-def copy_testdata(name):
-    """A scratch copy of tests/testdata/<name> (a folder of run folders)."""
-    target = os.path.join(tempfile.mkdtemp(), name)
-    shutil.copytree(os.path.join(_TESTDATA, name), target)
-    return target
 
 
 if __name__ == "__main__":

@@ -10,22 +10,9 @@ import numpy as np
 from absl.testing import absltest
 
 import tf_dpadam
-from examples import common
 from examples import training
 
-
-def train_config(**overrides):
-    """A small `TrainConfig` (B = 16 in physical batches of 8, lr 1e-3,
-    evaluated every 2 steps); `overrides` replace its values."""
-    values = dict(
-        optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
-        batch_size=16, physical_batch_size=8, learning_rate=1e-3,
-        epsilon=None, phi=None, beta_1=0.9, beta_2=0.999, momentum=0.0,
-        target_epsilon=None, delta=1e-5, epochs=None, eval_every=2,
-        model_dir=None, seed=0, jit_compile=False,
-    )
-    values.update(overrides)
-    return common.TrainConfig(**values)
+import helpers
 
 
 class LoopTest(absltest.TestCase):
@@ -46,7 +33,7 @@ class LoopTest(absltest.TestCase):
 
         x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
         y = np.ones(64, "int64")
-        config = train_config(optimizer="dpsgd", learning_rate=1e-6,
+        config = helpers.train_config(optimizer="dpsgd", learning_rate=1e-6,
                          physical_batch_size=32, epochs=4 * 16 / 64)
         results = training.fit_private(
             model_fn, (x, y), (x, y), config,
@@ -62,17 +49,17 @@ class LoopTest(absltest.TestCase):
         # 64 examples, B = 16: 4 steps per epoch; 2 steps, then resumed to 4.
         first = training.fit_private(
             _tiny_model, (x, y), (x, y),
-            train_config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
+            helpers.train_config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in first["history"]], [2])
         second = training.fit_private(
             _tiny_model, (x, y), (x, y),
-            train_config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
+            helpers.train_config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in second["history"]], [2, 4])
         with open(os.path.join(model_dir, "metrics.json")) as f:
             self.assertEqual(json.load(f)["history"], second["history"])
         # StopAtStep ends an epoch early; no validation: no val_ metrics.
         _, _, results = training.train_private(
-            _tiny_model, (x, y), (x, y), train_config(epochs=4 * 16 / 64), loss,
+            _tiny_model, (x, y), (x, y), helpers.train_config(epochs=4 * 16 / 64), loss,
             callbacks=[training.StopAtStep(3)], validate=False)
         self.assertEqual((results["steps"], results["planned_steps"]), (3, 4))
         self.assertNotIn("val_accuracy", results["history"][0])
@@ -102,7 +89,7 @@ class NoiseSeedTest(absltest.TestCase):
                                   wraps=tf_dpadam.make_private) as private:
             training.fit_private(
                 _tiny_model, data, data,
-                train_config(epochs=2 * 16 / 64, noise_seed=noise_seed),
+                helpers.train_config(epochs=2 * 16 / 64, noise_seed=noise_seed),
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True),
                 on_trained=lambda model: trained.append(model.get_weights()))
