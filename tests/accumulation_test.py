@@ -1,4 +1,4 @@
-"""Logical vs physical batches: gradient accumulation.
+"""Logical vs physical batches: gradient accumulation (accumulation.py).
 
 Poisson-sampled batches (tf_dpadam/data.py) are tested in data_test.py.
 """
