@@ -14,24 +14,17 @@ from absl.testing import parameterized
 
 import tf_dpadam
 
-_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+import helpers
 
 
-def _data(n, d=5, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.normal(size=(n, d)).astype("float32"),
-            rng.integers(0, classes, size=n))
-
-
-def _model(seed=0, d=5, regularized=False):
-    keras.utils.set_random_seed(seed)
+def _mlp(seed=0, d=5, regularized=False):
+    """A d -> 7 (tanh) -> 3 MLP, optionally L2-regularized."""
     regularizer = keras.regularizers.L2(0.05) if regularized else None
-    return keras.Sequential([
-        keras.Input((d,)),
-        keras.layers.Dense(7, activation="tanh",
-                           kernel_regularizer=regularizer),
-        keras.layers.Dense(3),
-    ])
+    return helpers.mlp(d=d, hidden=7, seed=seed,
+                       kernel_regularizer=regularizer)
+
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def _optimizer(name, **kwargs):
@@ -42,10 +35,6 @@ def _optimizer(name, **kwargs):
     return tf_dpadam.DPAdamCorrected(
         learning_rate=0.01, phi=1e-4, epsilon=1e-6, **kwargs
     )
-
-
-def _weights(model):
-    return [np.array(w) for w in model.weights]
 
 
 def _zero_gradient_model(units):
@@ -66,10 +55,10 @@ class AccumulationTest(parameterized.TestCase):
     )
     def test_k_micro_batches_equal_one_logical_batch(self, optimizer,
                                                      batch_size):
-        x, y = _data(48)
+        x, y = helpers.classification_data(48, d=5)
         results = []
         for physical, k in ((24, None), (6, 4)):
-            model = tf_dpadam.make_private(_model(seed=1))
+            model = tf_dpadam.make_private(_mlp(seed=1))
             model.compile(
                 optimizer=_optimizer(
                     optimizer, l2_norm_clip=0.2, noise_multiplier=0.0,
@@ -81,15 +70,15 @@ class AccumulationTest(parameterized.TestCase):
                       verbose=0)
             # The optimizer advances once per logical step.
             self.assertEqual(int(model.optimizer.iterations), 4)
-            results.append(_weights(model))
+            results.append(helpers.numpy_values(model.weights))
         for one, accumulated in zip(*results):
             np.testing.assert_allclose(one, accumulated, rtol=1e-5, atol=1e-6)
 
     def test_resume_in_the_middle_of_a_logical_step(self):
-        x, y = _data(36)
+        x, y = helpers.classification_data(36, d=5)
 
         def build():
-            model = tf_dpadam.make_private(_model(seed=2))
+            model = tf_dpadam.make_private(_mlp(seed=2))
             model.compile(
                 optimizer=_optimizer(
                     "dpadam_corrected", l2_norm_clip=0.2, noise_multiplier=0.0,
@@ -112,7 +101,7 @@ class AccumulationTest(parameterized.TestCase):
         resumed = keras.models.load_model(path)
         resumed.fit(x[20:], y[20:], batch_size=4, shuffle=False, verbose=0)
         self.assertEqual(int(resumed.optimizer.iterations), 3)
-        for a, b in zip(_weights(straight), _weights(resumed)):
+        for a, b in zip(helpers.numpy_values(straight.weights), helpers.numpy_values(resumed.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
     @parameterized.named_parameters(("fixed_b", 64), ("counted_b", None))

@@ -2,7 +2,6 @@
 
 import math
 import os
-import random
 import tempfile
 import zipfile
 
@@ -17,17 +16,11 @@ from scipy import stats
 import tf_dpadam
 from tf_dpadam import privatizer
 
+import helpers
+
 _UNITS_IN, _UNITS_OUT = 200, 250  # 50,000 kernel coordinates.
 _EXAMPLES = 4
 _STDDEV = 1.5  # sigma * C
-
-
-def _seed_everything(seed):
-    """What scripts do: every global seed there is."""
-    keras.utils.set_random_seed(seed)
-    tf.random.set_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 def _zero_gradient_model(seed=None, secure_mode=False):
@@ -82,7 +75,7 @@ class SecretNoiseTest(parameterized.TestCase):
     def test_global_seeds_do_not_fix_the_noise(self, jit):
         runs = []
         for _ in range(2):
-            _seed_everything(0)
+            helpers.seed_everything(0)
             model = _zero_gradient_model()
             _compile(model, jit)
             runs.append(_noise_of_steps(model, 1)[0])
@@ -92,7 +85,7 @@ class SecretNoiseTest(parameterized.TestCase):
     def test_an_explicit_seed_reproduces_the_noise_and_warns(self, jit):
         runs = []
         for global_seed in (0, 1):
-            _seed_everything(global_seed)
+            helpers.seed_everything(global_seed)
             with self.assertWarnsRegex(UserWarning, "explicit seed=7"):
                 model = _zero_gradient_model(seed=7)
             _compile(model, jit)

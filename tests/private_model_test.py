@@ -11,23 +11,9 @@ from absl.testing import parameterized
 
 import tf_dpadam
 
+import helpers
+
 _LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _data(n=32, d=6, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, d)).astype("float32")
-    y = rng.integers(0, classes, size=n)
-    return x, y
-
-
-def _sequential(d=6, classes=3, seed=0):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((d,)),
-        keras.layers.Dense(8, activation="tanh"),
-        keras.layers.Dense(classes),
-    ])
 
 
 def _functional(d=6, classes=3, seed=0):
@@ -56,7 +42,7 @@ def _subclassed(d=6, classes=3, seed=0):
 
 
 _BUILDERS = {
-    "sequential": _sequential,
+    "sequential": helpers.mlp,
     "functional": _functional,
     "subclassed": _subclassed,
 }
@@ -68,10 +54,6 @@ _OPTIMIZERS = {
         learning_rate=0.01, **kw
     ),
 }
-
-
-def _weights(model):
-    return [np.array(w) for w in model.weights]
 
 
 class MakePrivateTest(parameterized.TestCase):
@@ -93,13 +75,13 @@ class MakePrivateTest(parameterized.TestCase):
             loss=_LOSS,
             metrics=["accuracy"],
         )
-        before = _weights(base)
-        x, y = _data()
+        before = helpers.numpy_values(base.weights)
+        x, y = helpers.classification_data(32)
         history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         self.assertEqual(int(model.optimizer.iterations), 4)
         self.assertTrue(math.isfinite(history.history["loss"][0]))
         self.assertIn("accuracy", history.history)
-        for b, a in zip(before, _weights(base)):
+        for b, a in zip(before, helpers.numpy_values(base.weights)):
             self.assertFalse(np.allclose(a, b))
         # Inference is the wrapped model's.
         np.testing.assert_allclose(
@@ -142,14 +124,14 @@ class MakePrivateTest(parameterized.TestCase):
                 loss=_LOSS,
                 jit_compile=jit,
             )
-            x, y = _data(n=24)
+            x, y = helpers.classification_data(24)
             model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-            results.append(_weights(model.base_model))
+            results.append(helpers.numpy_values(model.base_model.weights))
         for eager_graph, xla in zip(*results):
             np.testing.assert_allclose(eager_graph, xla, rtol=1e-5, atol=1e-6)
 
     def test_loss_metric_is_mean_per_example_loss(self):
-        base = _sequential()
+        base = helpers.mlp()
         model = tf_dpadam.make_private(base)
         # Learning rate 0: the weights stay, so the reported loss must equal
         # Keras' own loss of the batch.
@@ -159,7 +141,7 @@ class MakePrivateTest(parameterized.TestCase):
             ),
             loss=_LOSS,
         )
-        x, y = _data(n=16)
+        x, y = helpers.classification_data(16)
         history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         expected = float(_LOSS(y, base(x)))
         self.assertAlmostEqual(history.history["loss"][0], expected, places=5)
@@ -174,7 +156,7 @@ class MakePrivateTest(parameterized.TestCase):
             optimizer=tf_dpadam.DPAdam(l2_norm_clip=1.0, noise_multiplier=0.1),
             loss={"a": _LOSS, "b": "mse"},
         )
-        x, y = _data(n=16)
+        x, y = helpers.classification_data(16)
         history = model.fit(
             x, {"a": y, "b": np.zeros((16, 1), "float32")},
             batch_size=8, verbose=0,
@@ -187,22 +169,22 @@ class RefusalTest(parameterized.TestCase):
 
     @parameterized.named_parameters((o, o) for o in _OPTIMIZERS)
     def test_dp_optimizer_on_non_private_model_raises(self, optimizer):
-        model = _sequential()
+        model = helpers.mlp()
         model.compile(
             optimizer=_OPTIMIZERS[optimizer](
                 l2_norm_clip=1.0, noise_multiplier=1.0
             ),
             loss=_LOSS,
         )
-        before = _weights(model)
-        x, y = _data()
+        before = helpers.numpy_values(model.weights)
+        x, y = helpers.classification_data(32)
         with self.assertRaisesRegex(ValueError, "make_private"):
             model.fit(x, y, batch_size=8, verbose=0)
-        for b, a in zip(before, _weights(model)):
+        for b, a in zip(before, helpers.numpy_values(model.weights)):
             np.testing.assert_array_equal(a, b)
 
     def test_non_dp_optimizer_on_private_model_raises(self):
-        model = tf_dpadam.make_private(_sequential())
+        model = tf_dpadam.make_private(helpers.mlp())
         with self.assertRaisesRegex(ValueError, "tf_dpadam optimizer"):
             model.compile(optimizer="adam", loss=_LOSS)
 
@@ -233,7 +215,7 @@ class RefusalTest(parameterized.TestCase):
             optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
             loss=_LOSS,
         )
-        x, y = _data()
+        x, y = helpers.classification_data(32)
         model.fit(x, y, batch_size=8, verbose=0)
         bn.trainable = True
         model.compile(
@@ -344,7 +326,7 @@ class SerializationTest(parameterized.TestCase):
             )
             return model
 
-        x, y = _data(n=16)
+        x, y = helpers.classification_data(16)
         model = build()
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
@@ -363,7 +345,7 @@ class SerializationTest(parameterized.TestCase):
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         self.assertEqual(int(loaded.optimizer.iterations), 4)
-        for a, b in zip(_weights(model), _weights(loaded)):
+        for a, b in zip(helpers.numpy_values(model.weights), helpers.numpy_values(loaded.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
     def test_compile_builds_the_optimizer_of_a_built_model(self):
@@ -375,19 +357,19 @@ class SerializationTest(parameterized.TestCase):
             loss=_LOSS,
         )
         self.assertTrue(model.optimizer.built)
-        x, y = _data()
+        x, y = helpers.classification_data(32)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0)
         self.assertEqual(int(model.optimizer.iterations), 4)
 
     def test_loaded_base_model_is_still_refused_without_wrapper(self):
-        model = tf_dpadam.make_private(_sequential())
+        model = tf_dpadam.make_private(helpers.mlp())
         model.compile(
             optimizer=tf_dpadam.DPAdamCorrected(
                 l2_norm_clip=1.0, noise_multiplier=1.0
             ),
             loss=_LOSS,
         )
-        x, y = _data()
+        x, y = helpers.classification_data(32)
         model.fit(x, y, batch_size=8, verbose=0)
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         model.save(path)

@@ -165,7 +165,6 @@ class ConvolutionBlock:
     """
 
     def __init__(self, layer, inputs, grads, recording):
-        self.layer = layer
         self.inputs, self.grads = inputs, grads
         self.batch_size = recording.batch_size
         self.shape = tuple(layer.kernel.shape)
