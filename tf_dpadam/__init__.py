@@ -1,5 +1,6 @@
 """tf_dpadam: differentially private Keras 3 training with bias-corrected DP-Adam."""
 
+from tf_dpadam import audit
 from tf_dpadam import data
 from tf_dpadam import diagnostics
 from tf_dpadam.accounting import calibrate_noise_multiplier

@@ -151,6 +151,9 @@ class PrivateModel(keras.Model):
         # Out of sight of tracking: never in `weights`, a saved model or a
         # checkpoint; a loaded or resumed model draws a fresh key.
         self._noise_seeds = _Untracked(privatizer.NoiseSeeds(key))
+        # Set only by `tf_dpadam.audit`: its gradient canaries and, for
+        # testing the auditor, deliberate breaks of the privatizer.
+        self._audit = _Untracked(None)
         if base_model.built:
             self.built = True
 
@@ -198,7 +201,7 @@ class PrivateModel(keras.Model):
 
         # Phases 1 and 2: per-example gradients, clipped and summed.
         summed, losses, y_pred = self._sum_of_clipped_gradients(
-            x, y, sample_weight, present, config.l2_norm_clip
+            x, y, sample_weight, present, self._clip_norm(config)
         )
         count = ops.sum(present)
         if privatizer.num_replicas() > 1 or config.accumulation_steps > 1:
@@ -273,18 +276,37 @@ class PrivateModel(keras.Model):
         """
         optimizer = self.optimizer
         config = optimizer.dp_config
+        audit = self._audit.value
+        if audit is not None:
+            # Gradient canaries: extra examples, clipped like the others.
+            summed, count = audit.add_canaries(
+                summed, count, variables, self._clip_norm(config),
+                optimizer.iterations,
+            )
         denominator = config.denominator(count)
         if self.diagnostics:
             self._clean_gradients.value.record(summed, denominator)
+        noise_stddev = config.noise_stddev
+        if audit is not None:
+            noise_stddev = audit.noise_stddev(noise_stddev)
         noised = privatizer.add_noise(
             privatizer.replica_share(summed),
-            config.noise_stddev,
+            noise_stddev,
             self._noise_seeds.value.next(optimizer.iterations),
             share=privatizer.first_replica_share(),
             secure_mode=self.secure_mode,
         )
         private_grads = privatizer.scale(noised, denominator)
+        if audit is not None:
+            audit.observe(private_grads, variables)
         optimizer.apply_private(private_grads, variables, denominator)
+
+    def _clip_norm(self, config):
+        """C, unless a `tf_dpadam.audit` test deliberately breaks it."""
+        audit = self._audit.value
+        if audit is None:
+            return config.l2_norm_clip
+        return audit.clip_norm(config.l2_norm_clip)
 
     @property
     def clean_gradients(self):
