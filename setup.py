@@ -25,6 +25,9 @@ setuptools.setup(
         "tests": ["pytest", "scipy"],
         "examples": [
             "tensorflow-datasets",
+            # tensorflow-datasets imports it through etils (its `epath`
+            # extra no longer installs it): without it `tfds.builder` fails.
+            "importlib_resources",
             "keras-hub",
             "matplotlib",
             "safetensors",

@@ -59,13 +59,18 @@ import sys
 from absl import app
 from absl import flags
 
+# Before the modules that import Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
+
 from examples import ablation_sweeps
 from examples import ablations_report
 from examples import experiments
+from examples import datasets
 from examples import runs
-from examples import shared_flags
+from examples import training
 from examples.ablation_sweeps import ABLATIONS
 from examples.ablation_sweeps import TASK
+from tf_dpadam import validation
 
 
 def define_flags():
@@ -112,6 +117,21 @@ def define_flags():
                        "DP-Adam's gamma, outside the root (beta ablation).")
     shared_flags.define_dp_flags(eval_every=50)
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
+    positive = shared_flags.number_in(validation.check_positive)
+    for name in ("lr_sweep_corrected", "lr_sweep_adam"):
+        shared_flags.check_list_flag(name, positive)
+    shared_flags.check_list_flag(
+        "phi_multiples", shared_flags.number_in(validation.check_non_negative))
+    shared_flags.check_list_flag("gammas", shared_flags.check_gamma)
+    shared_flags.check_list_flag("beta_2s",
+                                 shared_flags.number_in(validation.check_beta))
+    shared_flags.check_list_flag(
+        "spread_seeds",
+        shared_flags.number_in(shared_flags.check_seed, kind=int))
+    shared_flags.check_flag("seed", shared_flags.check_seed)
+    for name in ("learning_rate_corrected", "learning_rate_adam"):
+        shared_flags.check_flag(name, validation.check_positive)
+    shared_flags.check_flag("gamma_adam", validation.check_non_negative)
 
 
 FLAGS = flags.FLAGS
@@ -192,17 +212,21 @@ def main(argv):
             TASK, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
-    path = run_ablations(
-        names, base=base, sweeps=sweeps, seed=FLAGS.seed,
-        spread_seeds=spread_seeds,
-        runs_dir=(FLAGS.runs_dir
-                  or os.path.join(experiments.ROOT, "runs", "ablations")),
-        data=data, train_fn=train_fn,
-        output_dir=FLAGS.output_dir or os.path.join(experiments.ROOT, "docs"),
-        command=shlex.join(sys.orig_argv), train=FLAGS.train)
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=shared_flags.OFFLINE_IMAGES_HINT), \
+            shared_flags.usage_errors(training.SettingsError):
+        path = run_ablations(
+            names, base=base, sweeps=sweeps, seed=FLAGS.seed,
+            spread_seeds=spread_seeds,
+            runs_dir=(FLAGS.runs_dir
+                      or os.path.join(experiments.ROOT, "runs", "ablations")),
+            data=data, train_fn=train_fn,
+            output_dir=(FLAGS.output_dir
+                        or os.path.join(experiments.ROOT, "docs")),
+            command=shlex.join(sys.orig_argv), train=FLAGS.train)
     print(f"Wrote {path}")
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

@@ -26,6 +26,9 @@ import sys
 from absl import app
 from absl import flags
 
+# Before Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
+
 import keras
 import numpy as np
 
@@ -33,9 +36,9 @@ import tf_dpadam
 from examples import common
 from examples import datasets
 from examples import models
-from examples import shared_flags
 from examples import training
 from examples.diagnostics_report import write_report
+from tf_dpadam import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
@@ -45,18 +48,22 @@ def define_flags():
     flags.DEFINE_string("data_dir", None,
                         "Folder of the dataset files (default: the loader's).")
     flags.DEFINE_list("report_steps", ["10", "100"],
-                      "Steps to snapshot, besides the last one.")
+                      "DP steps to snapshot, besides the last one.")
     flags.DEFINE_string("output", None,
                         "Markdown report (default: "
                         "docs/DIAGNOSTICS_<dataset>.md); PNGs go next to it.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
+    shared_flags.check_list_flag(
+        "report_steps",
+        shared_flags.number_in(validation.check_positive_int, kind=int))
 
 
 FLAGS = flags.FLAGS
 
 
-def train_with_diagnostics(model_fn, train, test, config, report_steps):
+def train_with_diagnostics(model_fn, train, test, config, report_steps,
+                           max_steps=None, callbacks=()):
     """Trains with diagnostics on; returns the callback and a results dict.
 
     Args:
@@ -64,21 +71,30 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps):
         train, test: `(x, y)` NumPy arrays.
         config: a `common.TrainConfig` (DP-Adam or DP-AdamBC).
         report_steps: steps to snapshot; the last step is added.
+        max_steps: stop after this many steps if the config plans more (a
+            smoke test).
+        callbacks: more Keras callbacks (e.g. TensorBoard).
 
     Returns:
         `(callback, results)`: the `MomentDiagnostics` with its snapshots,
         and `training.train_private`'s results with the batches' capacity,
         the accumulation steps and the number of trainable parameters.
     """
-    steps = common.total_steps(config, len(train[1]))
+    try:
+        steps = common.total_steps(config, len(train[1]))
+    except ValueError as error:
+        raise training.SettingsError(str(error)) from error
+    if max_steps is not None:
+        steps = min(steps, max_steps)
     moments = tf_dpadam.MomentDiagnostics(
         steps=[s for s in report_steps if s < steps] + [steps]
     )
     model, batches, results = training.train_private(
         model_fn, train, test, config,
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        diagnostics=True, callbacks=[moments, training.StopAtStep(steps)],
-        validate=False)
+        diagnostics=True,
+        callbacks=[moments, training.StopAtStep(steps), *callbacks],
+        validate=False, max_steps=steps)
     results.update(
         capacity=batches.capacity,
         accumulation_steps=batches.accumulation_steps,
@@ -98,22 +114,29 @@ def main(argv):
     if FLAGS.optimizer == "dpsgd":
         raise app.UsageError("The diagnostics compare Adam moments: use"
                              " --optimizer=dpadam_corrected or dpadam.")
-    try:
-        report_steps = sorted({int(s) for s in FLAGS.report_steps})
-    except ValueError as error:
-        raise app.UsageError(f"--report_steps: {error}") from error
-    config = shared_flags.config_from_flags(FLAGS.dataset)
-    (x_train, y_train), test = datasets.load_image_dataset(
-        FLAGS.dataset, FLAGS.data_dir
-    )
-    if FLAGS.max_examples:
-        x_train = x_train[:FLAGS.max_examples]
-        y_train = y_train[:FLAGS.max_examples]
+    report_steps = sorted({int(s) for s in FLAGS.report_steps})
+    with shared_flags.usage_errors():
+        config = shared_flags.config_from_flags(FLAGS.dataset)
+    caps = shared_flags.smoke_test_caps()
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=shared_flags.OFFLINE_IMAGES_HINT):
+        (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(
+            FLAGS.dataset, FLAGS.data_dir
+        )
+    max_examples = caps.examples(FLAGS.max_examples)
+    if max_examples:
+        x_train, y_train = x_train[:max_examples], y_train[:max_examples]
+    if caps.max_test_examples:
+        x_test = x_test[:caps.max_test_examples]
+        y_test = y_test[:caps.max_test_examples]
     num_classes = int(y_train.max()) + 1
-    moments, results = train_with_diagnostics(
-        lambda: models.make_cnn(x_train.shape[1:], num_classes),
-        (x_train, y_train), test, config, report_steps,
-    )
+    with shared_flags.usage_errors(training.SettingsError):
+        moments, results = train_with_diagnostics(
+            lambda: models.make_cnn(x_train.shape[1:], num_classes),
+            (x_train, y_train), (x_test, y_test), config, report_steps,
+            max_steps=caps.max_steps,
+            callbacks=shared_flags.tensorboard_callbacks(),
+        )
     output = FLAGS.output or os.path.join(
         "docs", f"DIAGNOSTICS_{FLAGS.dataset}.md"
     )
@@ -129,4 +152,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

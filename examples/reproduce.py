@@ -39,11 +39,16 @@ import sys
 from absl import app
 from absl import flags
 
+# Before the modules that import Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
+
 from examples import common
 from examples import experiments
 from examples import results_report
+from examples import datasets
 from examples import runs
-from examples import shared_flags
+from examples import training
+from tf_dpadam import validation
 
 
 def define_flags():
@@ -94,6 +99,16 @@ def define_flags():
                       "Phi (default: the paper's for the dataset).")
     shared_flags.define_dp_flags(eval_every=50)
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
+    positive = shared_flags.number_in(validation.check_positive)
+    for name in ("learning_rates_dpsgd", "learning_rates_dpadam",
+                 "learning_rates_dpadam_corrected"):
+        shared_flags.check_list_flag(name, positive)
+    for name in ("gammas_dpadam", "gammas_dpadam_corrected"):
+        shared_flags.check_list_flag(name, shared_flags.check_gamma)
+    shared_flags.check_list_flag(
+        "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
+    for name in ("sequence_length", "max_test_examples"):
+        shared_flags.check_flag(name, validation.check_positive_int)
 
 
 FLAGS = flags.FLAGS
@@ -161,11 +176,15 @@ def main(argv):
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     output_dir = FLAGS.output_dir or os.path.join(experiments.ROOT, "docs")
-    path = reproduce(plan, train_fn, phase=FLAGS.phase, output_dir=output_dir,
-                     command=shlex.join(sys.orig_argv))
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=shared_flags.OFFLINE_IMAGES_HINT), \
+            shared_flags.usage_errors(training.SettingsError):
+        path = reproduce(plan, train_fn, phase=FLAGS.phase,
+                         output_dir=output_dir,
+                         command=shlex.join(sys.orig_argv))
     print(f"Wrote {path}")
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

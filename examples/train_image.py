@@ -11,12 +11,14 @@ prints the test accuracy and the epsilon spent.
 from absl import app
 from absl import flags
 
+# Before Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
+
 import keras
 
 from examples import common
 from examples import datasets
 from examples import models
-from examples import shared_flags
 from examples import training
 
 def define_flags():
@@ -35,28 +37,45 @@ def define_flags():
 FLAGS = flags.FLAGS
 
 
-def run(dataset, data_dir, config, max_examples=None):
-    (x_train, y_train), test = datasets.load_image_dataset(dataset, data_dir)
+def run(dataset, data_dir, config, max_examples=None, *,
+        max_test_examples=None, **kwargs):
+    """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
+    results. The first `max_examples` / `max_test_examples` are used (None:
+    all); `kwargs` go to `fit_private` (`callbacks`, `max_steps`)."""
+    (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(
+        dataset, data_dir)
     if max_examples:
         x_train, y_train = x_train[:max_examples], y_train[:max_examples]
+    if max_test_examples:
+        x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
     num_classes = int(y_train.max()) + 1
     return training.fit_private(
         lambda: models.make_cnn(x_train.shape[1:], num_classes),
         (x_train, y_train),
-        test,
+        (x_test, y_test),
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **kwargs,
     )
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = shared_flags.config_from_flags(FLAGS.dataset)
-    results = run(FLAGS.dataset, FLAGS.data_dir, config, FLAGS.max_examples)
+    with shared_flags.usage_errors():
+        config = shared_flags.config_from_flags(FLAGS.dataset)
+    caps = shared_flags.smoke_test_caps()
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=shared_flags.OFFLINE_IMAGES_HINT), \
+            shared_flags.usage_errors(training.SettingsError):
+        results = run(FLAGS.dataset, FLAGS.data_dir, config,
+                      caps.examples(FLAGS.max_examples),
+                      max_test_examples=caps.max_test_examples,
+                      max_steps=caps.max_steps,
+                      callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

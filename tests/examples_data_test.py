@@ -8,8 +8,10 @@ $SST2_DATA_DIR, else ../shared/data/sst2 beside the repository).
 
 import gzip
 import os
+import socket
 import struct
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -160,6 +162,42 @@ class TfdsImageTest(parameterized.TestCase):
     def test_unknown_name(self):
         with self.assertRaisesRegex(ValueError, "Unknown image dataset"):
             datasets.load_image_dataset("mnist")
+
+    def test_tfds_builder_works_offline_up_to_the_download(self):
+        # The `examples` extra installs what tfds imports: without
+        # importlib_resources, reading the builder's checksums (code_path)
+        # fails with ModuleNotFoundError before any download.
+        with tempfile.TemporaryDirectory() as folder:
+            builder = tfds.builder("cifar10", data_dir=folder)
+            self.assertFalse(builder.is_prepared())
+            self.assertEqual(builder.info.features["label"].num_classes, 10)
+            self.assertEqual(
+                [u.rsplit("/", 1)[-1] for u in builder.url_infos],
+                ["cifar-10-binary.tar.gz"])
+
+    @parameterized.parameters("cifar10", "fashion_mnist")
+    def test_no_network_is_one_error_at_once(self, name):
+        # Every host lookup fails, as without a network: no download is
+        # tried (tfds would retry for minutes), the error says why.
+        with tempfile.TemporaryDirectory() as folder, \
+                mock.patch.object(socket, "getaddrinfo",
+                                  side_effect=socket.gaierror("no network")):
+            with self.assertRaisesRegex(
+                    datasets.DatasetUnavailableError,
+                    rf"^{name} is not prepared in {folder} and cannot be"
+                    r" downloaded: no network \(\S+ does not resolve\)$"):
+                datasets.load_image_dataset(name, folder)
+
+    def test_hosts_behind_a_proxy_count_as_reachable(self):
+        urls = ["https://nowhere.invalid/data.tar.gz"]
+        with mock.patch.dict(os.environ):
+            for variable in datasets._PROXY_VARIABLES:
+                os.environ.pop(variable, None)
+            self.assertEqual(datasets.unreachable_hosts(urls),
+                             ["nowhere.invalid"])
+        with mock.patch.dict(os.environ,
+                             {"HTTPS_PROXY": "http://proxy:3128"}):
+            self.assertEqual(datasets.unreachable_hosts(urls), [])
 
 
 class Sst2TsvTest(absltest.TestCase):

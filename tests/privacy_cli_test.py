@@ -78,6 +78,28 @@ class CommandLineTest(absltest.TestCase):
             ) + "\n",
         )
 
+    def test_subprocess_usage_errors_take_one_line(self):
+        # A bad value, a missing one, an impossible combination: one line
+        # naming the flag, exit code 2, no help text and no traceback.
+        cases = (
+            (["--num_examples=60000", "--batch_size=256", "--epochs=1",
+              "--noise_multiplier=-1", "--delta=1e-5"], "--noise_multiplier"),
+            (["--batch_size=256"], "--num_examples"),
+            (["--num_examples=100", "--batch_size=200", "--epochs=1",
+              "--noise_multiplier=1", "--delta=1e-5"], "batch_size=200"),
+        )
+        # Started together: each process mostly imports.
+        processes = [_start("tf_dpadam.privacy", *args) for args, _ in cases]
+        for process, (_, flag) in zip(processes, cases):
+            out, err = process.communicate(timeout=120)
+            lines = [l for l in err.splitlines()
+                     if l.startswith("privacy.py: error:")]
+            self.assertEqual(process.returncode, 2, msg=err)
+            self.assertLen(lines, 1, msg=err)
+            self.assertIn(flag, lines[0])
+            self.assertNotIn("Traceback", err)
+            self.assertNotIn("--accountant", err + out)  # No help dump.
+
     def test_subprocess_help_of_the_old_name_shows_the_usage_and_flags(self):
         process = _start("tf_dpadam.privacy", "--help")
         out, _ = process.communicate(timeout=120)  # absl exits 1 on --help.
@@ -129,6 +151,17 @@ class ReportTest(parameterized.TestCase):
         epochs = float(re.search(r"epochs = (\S+)", text).group(1))
         self.assertAlmostEqual(epochs, steps * 2048 / 50000, places=3)
 
+    def test_statement_then_budget_with_all_three(self):
+        # The README's command with --target_epsilon=7 added: the
+        # statement of the 60 epochs, then the steps that epsilon 7 allows.
+        setting = dict(num_examples=60000, batch_size=256,
+                       noise_multiplier=1.1, delta=DELTA)
+        text = privacy_cli.report(epochs=60, target_epsilon=7.0, **setting)
+        self.assertEqual(
+            text,
+            privacy_cli.report(epochs=60, **setting) + "\n\n"
+            + privacy_cli.steps_report(target_epsilon=7.0, **setting))
+
     def test_calibrated_noise_multiplier_with_steps_and_pld(self):
         text = privacy_cli.report(
             num_examples=10000, batch_size=100, steps=300, target_epsilon=1.0,
@@ -151,10 +184,6 @@ class ReportTest(parameterized.TestCase):
         ("both_lengths", dict(num_examples=100, batch_size=10, delta=DELTA,
                               noise_multiplier=1.0, epochs=1, steps=10),
          "at most one"),
-        ("length_with_calibrated_steps",
-         dict(num_examples=100, batch_size=10, delta=DELTA,
-              noise_multiplier=1.0, target_epsilon=1.0, epochs=1),
-         "leave out --epochs"),
         ("bad_batch_size", dict(num_examples=100, batch_size=200, delta=DELTA,
                                 noise_multiplier=1.0, epochs=1),
          "batch_size=200 <= num_examples=100"),

@@ -32,8 +32,10 @@ class PrivacyBudget(keras.callbacks.Callback):
       with the model, so after save / load / resume epsilon continues from
       the steps already taken instead of restarting at zero.
 
-    At the end of every epoch it sets `logs["epsilon"]`, so epsilon shows in
-    the `History`, the progress bar, `TensorBoard`, `CSVLogger` and so on.
+    At the end of every batch and every epoch it sets `logs["epsilon"]`, so
+    epsilon shows in the live progress bar (`verbose=1`), the `History`,
+    `TensorBoard` (`batch_epsilon` with an integer `update_freq`, and
+    `epoch_epsilon`), `CSVLogger` and so on.
     Keras' `CallbackList` passes one logs dict to every callback in list
     order and appends its own `History` and `ProgbarLogger` after the user's
     callbacks, so these two always see epsilon. A callback of yours that reads
@@ -206,7 +208,12 @@ class PrivacyBudget(keras.callbacks.Callback):
             )
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.max_steps is not None and self._steps_taken() >= self.max_steps:
+        steps = self._steps_taken()
+        if logs is not None:
+            sigma, batch_size = self._hyperparameters()
+            self.epsilon = self._epsilon_at(steps, sigma, batch_size)
+            logs["epsilon"] = self.epsilon
+        if self.max_steps is not None and steps >= self.max_steps:
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):

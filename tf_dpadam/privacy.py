@@ -7,7 +7,6 @@ part of the training code). This shim keeps the documented command
 `tf_dpadam.privacy` working; it adds nothing of its own.
 """
 
-from absl import app
 from absl import flags
 
 from tf_dpadam import privacy_cli
@@ -28,4 +27,4 @@ if __name__ == "__main__":
     __doc__ = privacy_cli.__doc__
     define_flags()
     flags.adopt_module_key_flags(privacy_cli)
-    app.run(main)
+    privacy_cli.run(main)

@@ -15,20 +15,88 @@ The noise multiplier a budget needs for a given length of training:
     python -m tf_dpadam.privacy_cli --num_examples=50000 --batch_size=2048 \
         --epochs=20 --target_epsilon=7 --delta=1e-5
 
+With --noise_multiplier, --epochs (or --steps) and --target_epsilon it prints
+the statement of the run and then the steps the budget allows.
+
 (`python -m tf_dpadam.privacy`, the command's older name, runs the same.)
 
 All numbers come from `tf_dpadam.accounting` (Poisson sampling at rate
 q = batch_size / num_examples, add-or-remove-one adjacency). This module does
 not import TensorFlow.
+
+A bad value or combination ends with one line on stderr that names the flag,
+and exit code 2 (`run`, which the example binaries use too).
 """
 
 import functools
+import os
+import sys
 
 from absl import app
 from absl import flags
 
 from tf_dpadam import accounting
 from tf_dpadam import validation
+
+# The exit code of a usage error (a bad flag value or combination), as
+# argparse's.
+USAGE_ERROR_EXIT_CODE = 2
+
+
+def usage_error_line(message):
+    """`<program>: error: <message>` on one line (the message's newlines
+    become spaces)."""
+    program = os.path.basename(sys.argv[0]) if sys.argv else "python"
+    return f"{program}: error: {' '.join(str(message).split())}"
+
+
+def _exit_with_usage_error(message):
+    sys.stderr.write(usage_error_line(message) + "\n")
+    sys.stderr.flush()
+    sys.exit(USAGE_ERROR_EXIT_CODE)
+
+
+def _parse_flags(argv):
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        _exit_with_usage_error(error)
+
+
+def run(main, argv=None):
+    """`absl.app.run(main)` whose usage errors take one line.
+
+    A flag that does not parse or fails its validator (`register_check`), and
+    an `app.UsageError` raised by `main`, print `<program>: error: <reason>`
+    on stderr and exit with code 2: no help text, no traceback. Other
+    exceptions keep their traceback (they are bugs, not usage errors).
+    """
+
+    def main_with_usage_errors(args):
+        try:
+            return main(args)
+        except app.UsageError as error:
+            _exit_with_usage_error(error)
+
+    app.run(main_with_usage_errors, argv=argv, flags_parser=_parse_flags)
+
+
+def register_check(name, check, flag_values=flags.FLAGS):
+    """Validates flag `name` at parsing with `check(value)`, a function that
+    raises `ValueError` (e.g. of `tf_dpadam.validation`); None passes.
+
+    The error reads `flag --delta=2.0: Expected delta=2.0 in (0, 1).`
+    """
+
+    def checker(value):
+        if value is not None:
+            try:
+                check(value)
+            except ValueError as error:
+                raise flags.ValidationError(str(error)) from None
+        return True
+
+    flags.register_validator(name, checker, flag_values=flag_values)
 
 
 def define_flags():
@@ -38,30 +106,35 @@ def define_flags():
     flag, so it never collides with the flags of a user's own binary.
     """
     flags.DEFINE_integer(
-        "num_examples", None, "Number of training examples N."
+        "num_examples", None, "Number of training examples N (required)."
     )
     flags.DEFINE_integer(
-        "batch_size", None, "Expected batch size B (sampling rate q = B / N)."
+        "batch_size", None,
+        "Expected batch size B, in examples (sampling rate q = B / N;"
+        " required).",
     )
     flags.DEFINE_float(
         "noise_multiplier",
         None,
-        "Noise multiplier sigma. Leave it out, with --target_epsilon and --epochs"
-        " or --steps, to calibrate it.",
+        "Noise multiplier sigma (noise std / clipping norm C). Leave it out,"
+        " with --target_epsilon and --epochs or --steps, to calibrate it.",
     )
     flags.DEFINE_float(
-        "epochs", None, "Number of epochs; steps = ceil(epochs * N / B)."
+        "epochs", None, "Length of training in epochs (may be fractional);"
+        " steps = ceil(epochs * N / B)."
     )
     flags.DEFINE_integer(
-        "steps", None, "Number of steps (instead of --epochs)."
+        "steps", None, "Length of training in DP steps (instead of --epochs)."
     )
-    flags.DEFINE_float("delta", None, "Target delta, in (0, 1).")
+    flags.DEFINE_float("delta", None, "Target delta, in (0, 1) (required;"
+                       " usually below 1 / N).")
     flags.DEFINE_float(
         "target_epsilon",
         None,
-        "Privacy budget. With --noise_multiplier: print the largest number of"
-        " steps within it; without: print the smallest noise multiplier (within"
-        " 1%) that meets it for --epochs or --steps.",
+        "Privacy budget epsilon. With --noise_multiplier: print the largest"
+        " number of steps within it (after the statement if --epochs or"
+        " --steps is given too); without: print the smallest noise multiplier"
+        " (within 1%) that meets it for --epochs or --steps.",
     )
     flags.DEFINE_enum(
         "accountant",
@@ -81,6 +154,24 @@ def define_flags():
         "Bound on the examples of one user, for a user-level epsilon. Statement"
         " only.",
     )
+    for name, check in (
+        ("num_examples",
+         functools.partial(validation.check_positive_int, "num_examples")),
+        ("batch_size",
+         functools.partial(validation.check_positive_int, "batch_size")),
+        ("noise_multiplier",
+         functools.partial(validation.check_positive_real,
+                           "noise_multiplier")),
+        ("epochs", validation.check_epochs),
+        ("steps", validation.check_steps),
+        ("delta", validation.check_delta),
+        ("target_epsilon",
+         functools.partial(validation.check_positive_real, "target_epsilon")),
+        ("max_examples_per_user",
+         functools.partial(validation.check_positive_int,
+                           "max_examples_per_user")),
+    ):
+        register_check(name, check)
 
 
 def _epochs_of(steps, num_examples, batch_size):
@@ -164,6 +255,7 @@ def report(
     * noise_multiplier and one of epochs / steps: the privacy statement
       (`accounting.compute_dp_sgd_privacy_statement`);
     * noise_multiplier and target_epsilon: the calibrated steps and epochs;
+    * the three: the statement, then the calibrated steps and epochs;
     * target_epsilon and one of epochs / steps: the calibrated noise
       multiplier.
 
@@ -184,13 +276,16 @@ def report(
     setting = dict(num_examples=num_examples, batch_size=batch_size,
                    delta=delta, accountant=accountant)
     if noise_multiplier is not None and target_epsilon is not None:
-        if length_given:
-            raise ValueError(
-                "With --noise_multiplier and --target_epsilon the number of"
-                " steps is calibrated: leave out --epochs and --steps."
-            )
-        return steps_report(noise_multiplier=noise_multiplier,
-                            target_epsilon=target_epsilon, **setting)
+        budget = steps_report(noise_multiplier=noise_multiplier,
+                              target_epsilon=target_epsilon, **setting)
+        if not length_given:
+            return budget
+        statement = report(
+            num_examples=num_examples, batch_size=batch_size, delta=delta,
+            noise_multiplier=noise_multiplier, epochs=epochs, steps=steps,
+            used_microbatching=used_microbatching,
+            max_examples_per_user=max_examples_per_user)
+        return statement + "\n\n" + budget
     if not length_given:
         raise ValueError(
             "Give --epochs or --steps (with --noise_multiplier for the"
@@ -241,4 +336,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    run(main)

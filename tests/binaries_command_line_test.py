@@ -1,0 +1,196 @@
+"""The example binaries' command lines: --help lists every flag, and bad
+values or impossible settings end with one line naming the flag, exit code 2.
+
+Each case runs a binary's own `define_flags()` and `shared_flags.run(main)`
+with the case's arguments, as `python -m examples.<binary>` does, in a child
+forked from one driver process that imported the binaries once: a process per
+case would pay TensorFlow's import (~6 s) every time. The cases fail before
+training, so the children run no TensorFlow op. `python -m` itself is run by
+shared_flags_test (--help), readme_commands_test (the README's commands) and
+privacy_cli_test (the privacy command line's usage errors).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+from examples import datasets
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Reads [{"module", "args", "help"}] on stdin; writes [{"code", "stdout",
+# "stderr"}] on stdout.
+_DRIVER = r"""
+import importlib, json, os, sys, tempfile, traceback
+cases = json.load(sys.stdin)
+from examples import shared_flags
+modules = {name: importlib.import_module(name)
+           for name in sorted({case["module"] for case in cases})}
+from absl import flags
+results = []
+for case in cases:
+    module = modules[case["module"]]
+    files = [tempfile.TemporaryFile() for _ in range(2)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(files[0].fileno(), 1)
+        os.dup2(files[1].fileno(), 2)
+        code = 0
+        try:
+            sys.argv = [module.__file__, *case["args"]]
+            before = set(flags.FLAGS)
+            module.define_flags()
+            if case["help"]:
+                # What --help prints for `python -m`: the main module's key
+                # flags (here registered under the module's name).
+                print(json.dumps({
+                    "defined": sorted(set(flags.FLAGS) - before),
+                    "help": flags.FLAGS.module_help(module.__name__)}))
+            else:
+                shared_flags.run(module.main)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    outputs = []
+    for f in files:
+        f.seek(0)
+        outputs.append(f.read().decode(errors="replace"))
+    results.append({"code": os.waitstatus_to_exitcode(status),
+                    "stdout": outputs[0], "stderr": outputs[1]})
+print("RESULTS " + json.dumps(results))
+"""
+
+BINARIES = ("examples.train_image", "examples.train_text",
+            "examples.reproduce", "examples.ablations",
+            "examples.diagnostics")
+
+_FASHION_MNIST = datasets.fashion_mnist_files() is not None
+_EMPTY_DIR = tempfile.mkdtemp()
+
+# (binary, arguments, what the one line must contain: the flag, the reason).
+USAGE_ERRORS = [
+    ("examples.train_image", ["--noise_multiplier=-1"],
+     "--noise_multiplier=-1.0: Expected noise_multiplier=-1.0 to be a finite"
+     " number >= 0"),
+    ("examples.train_image", ["--target_epsilon=-3"],
+     "--target_epsilon=-3.0: Expected target_epsilon=-3.0"),
+    ("examples.train_image", ["--target_epsilon=0"],
+     "Give --target_epsilon > 0 or --epochs"),
+    ("examples.train_image", ["--l2_norm_clip=0"], "--l2_norm_clip=0.0"),
+    ("examples.train_image", ["--delta=1.5"], "--delta=1.5"),
+    ("examples.train_image", ["--epsilon=tiny"],
+     "--epsilon=tiny: Expected epsilon='tiny' to be a number"),
+    ("examples.train_image", ["--dataset=mnist"], "--dataset=mnist"),
+    ("examples.train_image", ["--beta_2=1"], "--beta_2=1.0"),
+    ("examples.train_image", ["stray"], "Unexpected arguments"),
+    # No network here: cifar10 is neither prepared in an empty folder nor
+    # downloadable; the line names the offline alternatives.
+    ("examples.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],
+     "cannot be downloaded"),
+    ("examples.train_text", ["--sequence_length=0"], "--sequence_length=0"),
+    ("examples.train_text", [], "--dataset=sst2_tsv needs --data_dir"),
+    ("examples.train_text", [f"--data_dir={_EMPTY_DIR}"],
+     "--data_dir: [Errno 2] No such file or directory"),
+    ("examples.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
+    ("examples.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
+     "--learning_rates_dpsgd=['0.1', 'fast']: Expected"
+     " learning_rates_dpsgd='fast' to be a number"),
+    ("examples.reproduce", ["--seeds=0,one"], "--seeds"),
+    ("examples.reproduce", ["--target_epsilon=-3"], "--target_epsilon"),
+    ("examples.reproduce", ["--target_epsilon=0"],
+     "Give target_epsilon > 0 or epochs"),
+    ("examples.ablations", ["--beta_2s=0.99,1.5"], "--beta_2s"),
+    ("examples.ablations", ["--gammas=1e-8,lots"], "--gammas"),
+    ("examples.ablations", ["--seed=1", "--spread_seeds=1,2"],
+     "--spread_seeds repeats --seed=1"),
+    ("examples.ablations", ["--physical_batch_size=0"],
+     "--physical_batch_size=0"),
+    ("examples.diagnostics", ["--report_steps=10,0"], "--report_steps"),
+    ("examples.diagnostics", ["--optimizer=dpsgd"],
+     "use --optimizer=dpadam_corrected or dpadam"),
+    ("examples.diagnostics", ["--eval_every=0"], "--eval_every=0"),
+]
+if _FASHION_MNIST:  # Impossible settings found once the data is loaded.
+    USAGE_ERRORS += [
+        ("examples.train_image",
+         ["--target_epsilon=0.5", "--max_examples=512"],
+         "Expected target_epsilon=0.5 >= "),
+        ("examples.train_image", ["--batch_size=1000", "--max_examples=500"],
+         "Expected batch_size=1000 <= num_examples=500"),
+        ("examples.diagnostics",
+         ["--target_epsilon=0.5", "--max_examples=512"],
+         "Expected target_epsilon=0.5 >= "),
+    ]
+
+
+def _run_cases(cases):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+    process = subprocess.run(
+        [sys.executable, "-c", _DRIVER], input=json.dumps(cases), cwd=_ROOT,
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    lines = [l for l in process.stdout.splitlines()
+             if l.startswith("RESULTS ")]
+    if process.returncode != 0 or len(lines) != 1:
+        raise AssertionError(f"The driver failed:\n{process.stderr[-3000:]}")
+    return json.loads(lines[0][len("RESULTS "):])
+
+
+class CommandLineTest(absltest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cases = [{"module": m, "args": [], "help": True} for m in BINARIES]
+        cases += [{"module": m, "args": a, "help": False}
+                  for m, a, _ in USAGE_ERRORS]
+        results = _run_cases(cases)
+        cls.help = dict(zip(BINARIES, results[:len(BINARIES)]))
+        cls.errors = results[len(BINARIES):]
+
+    def test_help_lists_every_flag_with_its_default(self):
+        for binary, result in self.help.items():
+            with self.subTest(binary):
+                self.assertEqual(result["code"], 0, result["stderr"])
+                shown = json.loads(result["stdout"])
+                # Its own flags and the shared ones, each in --help.
+                self.assertGreater(len(shown["defined"]), 15)
+                for flag in shown["defined"]:
+                    self.assertRegex(shown["help"], rf"--(\[no\])?{flag}:")
+                self.assertIn("(default: '1e-05')", shown["help"])
+
+    def test_bad_values_and_impossible_settings_take_one_line(self):
+        for (binary, args, expected), result in zip(USAGE_ERRORS,
+                                                    self.errors):
+            with self.subTest(binary=binary, args=args):
+                program = binary.split(".")[1] + ".py"
+                self.assertEqual(result["code"], 2, result["stderr"])
+                self.assertNotIn("Traceback", result["stderr"])
+                self.assertEqual(result["stderr"].count("\n"), 1,
+                                 result["stderr"])
+                self.assertTrue(result["stderr"].startswith(
+                    f"{program}: error: "), result["stderr"])
+                self.assertIn(expected, result["stderr"])
+
+    def test_offline_dataset_names_the_offline_alternatives(self):
+        index = [a for _, a, _ in USAGE_ERRORS].index(
+            ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"])
+        line = self.errors[index]["stderr"]
+        self.assertIn("--dataset=fashion_mnist", line)
+        self.assertIn("--data_dir=DIR", line)
+
+
+if __name__ == "__main__":
+    absltest.main()
