@@ -28,6 +28,8 @@ setuptools.setup(
             # tensorflow-datasets imports it through etils (its `epath`
             # extra no longer installs it): without it `tfds.builder` fails.
             "importlib_resources",
+            # tf.summary's implementation, for --tensorboard_dir.
+            "tensorboard",
             "keras-hub",
             "matplotlib",
             "safetensors",

@@ -275,12 +275,12 @@ def define_training_flags():
 
 
 def tensorboard_callbacks(flag_values=None):
-    """`[training.tensorboard_callback(--tensorboard_dir)]`, or [] without
+    """`training.tensorboard_callbacks(--tensorboard_dir)`, or [] without
     the flag."""
     f = flag_values or flags.FLAGS
     if not f.tensorboard_dir:
         return []
-    return [training.tensorboard_callback(f.tensorboard_dir)]
+    return training.tensorboard_callbacks(f.tensorboard_dir)
 
 
 def config_from_flags(task, flag_values=None):

@@ -18,6 +18,7 @@ import sys
 import time
 
 import keras
+import tensorflow as tf
 
 import tf_dpadam
 from examples import common
@@ -78,13 +79,43 @@ def progress_verbosity():
     return 1 if sys.stdout.isatty() else 2
 
 
-def tensorboard_callback(log_dir):
-    """Keras' TensorBoard writer of every step's loss, accuracy and epsilon
-    (`batch_*`, by optimizer step for k = 1) and of every evaluation
-    (`epoch_*`, with the validation metrics). Put it after
+def tensorboard_callbacks(log_dir):
+    """TensorBoard logs in `log_dir`: every DP step's loss, accuracy and
+    epsilon (`batch_*`, `StepSummaries`) and every evaluation's (`epoch_*`
+    and the validation metrics, Keras' `TensorBoard`). Put them after
     `tf_dpadam.PrivacyBudget`, which adds epsilon to the logs."""
-    return keras.callbacks.TensorBoard(log_dir, update_freq=1,
-                                       write_graph=False)
+    return [keras.callbacks.TensorBoard(log_dir, write_graph=False),
+            StepSummaries(os.path.join(log_dir, "train"))]
+
+
+class StepSummaries(keras.callbacks.Callback):
+    """Writes the batch logs (loss, accuracy, epsilon, ...) as TensorBoard
+    scalars `batch_<name>` at each DP step, numbered by the optimizer's
+    `iterations`: across `fit` calls and resumes, and once per logical step
+    under gradient accumulation (Keras' TensorBoard numbers physical batches
+    from 1 at every `fit`)."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = log_dir
+        self._writer = None
+        self._step = None
+
+    def on_train_begin(self, logs=None):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step == self._step or not logs:
+            return  # A micro-batch of an accumulated step.
+        self._step = step
+        with self._writer.as_default():
+            for name, value in logs.items():
+                tf.summary.scalar(f"batch_{name}", value, step=step)
+
+    def on_train_end(self, logs=None):
+        self._writer.flush()
 
 
 class StepLog(keras.callbacks.Callback):

@@ -40,11 +40,16 @@ class FakeDPOptimizer(keras.optimizers.SGD):
 
 
 class _LogsRecorder(keras.callbacks.Callback):
-    """Records the keys of the epoch logs it sees."""
+    """Records the keys of the epoch logs it sees, and the batch logs'
+    epsilon (None where absent)."""
 
     def __init__(self):
         super().__init__()
         self.keys = []
+        self.batch_epsilons = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_epsilons.append((logs or {}).get("epsilon"))
 
     def on_epoch_end(self, epoch, logs=None):
         self.keys.append(sorted(logs))
@@ -112,6 +117,11 @@ class PrivacyBudgetTest(parameterized.TestCase):
         # see epsilon, callbacks before it do not.
         self.assertIn("epsilon", after.keys[0])
         self.assertNotIn("epsilon", before.keys[0])
+        # Every batch's logs too (the live progress bar, TensorBoard's
+        # batch_epsilon): epsilon after the steps taken so far.
+        self.assertEqual(after.batch_epsilons,
+                         [_eps(t, accountant) for t in range(1, 2 * N // B + 1)])
+        self.assertEqual(before.batch_epsilons, [None] * (2 * N // B))
 
     def test_batch_size_from_callback_when_optimizer_has_none(self):
         model = _model(FakeDPOptimizer(batch_size=None, learning_rate=0.01))

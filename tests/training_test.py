@@ -1,12 +1,16 @@
 """examples/training.py: the examples' one training loop on tiny data."""
 
+import contextlib
+import io
 import json
 import os
+import re
 import tempfile
 from unittest import mock
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
@@ -63,6 +67,74 @@ class LoopTest(absltest.TestCase):
             callbacks=[training.StopAtStep(3)], validate=False)
         self.assertEqual((results["steps"], results["planned_steps"]), (3, 4))
         self.assertNotIn("val_accuracy", results["history"][0])
+
+
+class FitSegmentsTest(absltest.TestCase):
+
+    def test_every_epoch_is_as_long_as_the_steps_it_takes(self):
+        # (initial_epoch, epochs, steps_per_epoch) of each fit call.
+        self.assertEqual(training.fit_segments(0, 719, 100),
+                         [(0, 7, 100), (7, 8, 19)])
+        self.assertEqual(training.fit_segments(0, 400, 100), [(0, 4, 100)])
+        # A resume after a shorter run (119 steps): up to the next
+        # evaluation, then whole epochs, then the rest.
+        self.assertEqual(training.fit_segments(119, 350, 100),
+                         [(1, 2, 81), (2, 3, 100), (3, 4, 50)])
+        self.assertEqual(training.fit_segments(5, 5, 2), [])
+        self.assertEqual(training.fit_segments(0, 1, 100), [(0, 1, 1)])
+
+
+class ProgressTest(absltest.TestCase):
+
+    def test_live_bar_only_on_a_terminal(self):
+        for tty, verbose in ((True, 1), (False, 2)):
+            with mock.patch("sys.stdout") as stdout:
+                stdout.isatty.return_value = tty
+                self.assertEqual(training.progress_verbosity(), verbose)
+
+    def test_epoch_lines_count_the_steps_and_tensorboard_gets_epsilon(self):
+        x, y = _tiny_data()
+        log_dir = tempfile.mkdtemp()
+        # 5 steps evaluated every 2: epochs of 2, 2 and 1 steps (k = 1).
+        config = helpers.train_config(epochs=5 * 16 / 64,
+                                      physical_batch_size=None)
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            results = training.fit_private(
+                _tiny_model, (x, y), (x, y), config,
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                callbacks=training.tensorboard_callbacks(log_dir),
+                verbose=2)
+        self.assertEqual(results["steps"], 5)
+        self.assertEqual(re.findall(r"^(\d+/\d+) - ", output.getvalue(), re.M),
+                         ["2/2", "2/2", "1/1"])
+        self.assertEqual(re.findall(r"^Epoch \d+/\d+", output.getvalue(), re.M),
+                         ["Epoch 1/2", "Epoch 2/2", "Epoch 3/3"])
+        scalars = _tensorboard_scalars(os.path.join(log_dir, "train"))
+        self.assertEqual([s for s, _ in scalars["batch_epsilon"]],
+                         [1, 2, 3, 4, 5])
+        for step, value in scalars["batch_epsilon"]:
+            self.assertAlmostEqual(
+                value, tf_dpadam.epsilon_after_steps(
+                    steps=step, num_examples=64, batch_size=16,
+                    noise_multiplier=1.0, delta=1e-5), places=4)
+        for tag in ("batch_loss", "batch_accuracy"):
+            self.assertLen(scalars[tag], 5)
+        self.assertLen(scalars["epoch_epsilon"], 3)
+        self.assertAlmostEqual(scalars["epoch_epsilon"][-1][1],
+                               results["epsilon"], places=4)
+
+
+def _tensorboard_scalars(folder):
+    """{tag: [(step, value)]} of the event files in `folder`."""
+    scalars = {}
+    for name in sorted(os.listdir(folder)):
+        for event in tf.compat.v1.train.summary_iterator(
+                os.path.join(folder, name)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    return scalars
 
 
 def _tiny_data(n=64):
