@@ -23,7 +23,6 @@ Binomial tails here are exact sums of probabilities, computed in log space
 from `math.lgamma` (no normal approximation, no SciPy).
 """
 
-import functools
 import math
 
 from tf_dpadam import validation
@@ -55,19 +54,18 @@ def _check_delta(delta):
     )
 
 
-@functools.lru_cache(maxsize=None)
 def _log_binomial_pmf(n, p):
-    """log P[Bin(n, p) = k] for k = 0..n, as a tuple."""
+    """log P[Bin(n, p) = k] for k = 0..n."""
     if p <= 0.0 or p >= 1.0:
         mass_at = 0 if p <= 0.0 else n
-        return tuple(0.0 if k == mass_at else -math.inf for k in range(n + 1))
+        return [0.0 if k == mass_at else -math.inf for k in range(n + 1)]
     log_p, log_q = math.log(p), math.log1p(-p)
     log_n_factorial = math.lgamma(n + 1)
-    return tuple(
+    return [
         log_n_factorial - math.lgamma(k + 1) - math.lgamma(n - k + 1)
         + k * log_p + (n - k) * log_q
         for k in range(n + 1)
-    )
+    ]
 
 
 def _binomial_pmf(n, p):
