@@ -106,8 +106,9 @@ class RunCaps:
         return _at_most(value, self.max_test_examples)
 
 
-# Enough to run every line of a binary, in seconds.
-SMOKE_TEST_CAPS = RunCaps(max_examples=512, max_test_examples=256,
+# Enough to run every line of a binary, in seconds; 4,096 examples keep the
+# sampling rate of B = 256 low enough for epsilon = 7 to allow a step.
+SMOKE_TEST_CAPS = RunCaps(max_examples=4096, max_test_examples=256,
                           max_steps=2)
 
 

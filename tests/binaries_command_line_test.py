@@ -1,76 +1,20 @@
 """The example binaries' command lines: --help lists every flag, and bad
 values or impossible settings end with one line naming the flag, exit code 2.
 
-Each case runs a binary's own `define_flags()` and `shared_flags.run(main)`
-with the case's arguments, as `python -m examples.<binary>` does, in a child
-forked from one driver process that imported the binaries once: a process per
-case would pay TensorFlow's import (~6 s) every time. The cases fail before
-training, so the children run no TensorFlow op. `python -m` itself is run by
+The cases run through `binary_driver` (forked from one process that imported
+the binaries once); they fail before training. `python -m` itself is run by
 shared_flags_test (--help), readme_commands_test (the README's commands) and
 privacy_cli_test (the privacy command line's usage errors).
 """
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 
 from absl.testing import absltest
 
 from examples import datasets
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Reads [{"module", "args", "help"}] on stdin; writes [{"code", "stdout",
-# "stderr"}] on stdout.
-_DRIVER = r"""
-import importlib, json, os, sys, tempfile, traceback
-cases = json.load(sys.stdin)
-from examples import shared_flags
-modules = {name: importlib.import_module(name)
-           for name in sorted({case["module"] for case in cases})}
-from absl import flags
-results = []
-for case in cases:
-    module = modules[case["module"]]
-    files = [tempfile.TemporaryFile() for _ in range(2)]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(files[0].fileno(), 1)
-        os.dup2(files[1].fileno(), 2)
-        code = 0
-        try:
-            sys.argv = [module.__file__, *case["args"]]
-            before = set(flags.FLAGS)
-            module.define_flags()
-            if case["help"]:
-                # What --help prints for `python -m`: the main module's key
-                # flags (here registered under the module's name).
-                print(json.dumps({
-                    "defined": sorted(set(flags.FLAGS) - before),
-                    "help": flags.FLAGS.module_help(module.__name__)}))
-            else:
-                shared_flags.run(module.main)
-        except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    outputs = []
-    for f in files:
-        f.seek(0)
-        outputs.append(f.read().decode(errors="replace"))
-    results.append({"code": os.waitstatus_to_exitcode(status),
-                    "stdout": outputs[0], "stderr": outputs[1]})
-print("RESULTS " + json.dumps(results))
-"""
+import binary_driver
 
 BINARIES = ("examples.train_image", "examples.train_text",
             "examples.reproduce", "examples.ablations",
@@ -135,28 +79,15 @@ if _FASHION_MNIST:  # Impossible settings found once the data is loaded.
     ]
 
 
-def _run_cases(cases):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
-    process = subprocess.run(
-        [sys.executable, "-c", _DRIVER], input=json.dumps(cases), cwd=_ROOT,
-        env=env, capture_output=True, text=True, timeout=600, check=False)
-    lines = [l for l in process.stdout.splitlines()
-             if l.startswith("RESULTS ")]
-    if process.returncode != 0 or len(lines) != 1:
-        raise AssertionError(f"The driver failed:\n{process.stderr[-3000:]}")
-    return json.loads(lines[0][len("RESULTS "):])
-
-
 class CommandLineTest(absltest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cases = [{"module": m, "args": [], "help": True} for m in BINARIES]
-        cases += [{"module": m, "args": a, "help": False}
+        cases = [{"module": m, "args": [], "mode": "help"} for m in BINARIES]
+        cases += [{"module": m, "args": a, "mode": "run"}
                   for m, a, _ in USAGE_ERRORS]
-        results = _run_cases(cases)
+        results = binary_driver.run_cases(cases)
         cls.help = dict(zip(BINARIES, results[:len(BINARIES)]))
         cls.errors = results[len(BINARIES):]
 
