@@ -34,6 +34,8 @@ import time
 from absl import app
 from absl import flags
 
+# Before Keras: it quiets TensorFlow's start-up logs.
+from examples import shared_flags  # pylint: disable=g-bad-import-order
 import keras
 import numpy as np
 
@@ -50,10 +52,11 @@ def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
     flags.DEFINE_float("noise_multiplier", 2.0, "sigma.")
     flags.DEFINE_float("l2_norm_clip", 1.0, "C, the per-example clip norm.")
-    flags.DEFINE_integer("batch_size", 50, "B, the expected (Poisson) batch.")
+    flags.DEFINE_integer("batch_size", 50,
+                         "B, the expected (Poisson) batch size in examples.")
     flags.DEFINE_integer("train_size", 2000,
                          "N, the training examples (a Fashion-MNIST subset).")
-    flags.DEFINE_integer("steps", 400, "T, the DP steps.")
+    flags.DEFINE_integer("steps", 400, "T, the DP steps (logical batches).")
     flags.DEFINE_enum("optimizer", "dpadam_corrected", list(common.OPTIMIZERS),
                       "Update rule on the privatized gradient.")
     flags.DEFINE_float("learning_rate", None,
@@ -163,8 +166,12 @@ def claimed_epsilon(config, num_examples):
     )
 
 
-def run(config, data_dir=None, verbose=None):
-    """Trains once with canaries and audits; returns a dict of results."""
+def run(config, data_dir=None, verbose=None, max_test_examples=None):
+    """Trains once with canaries and audits; returns a dict of results.
+
+    The test accuracy is measured on the first `max_test_examples` test
+    images (None: all).
+    """
     (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(
         DATASET, data_dir)
     _check(config, len(x_train), len(x_test))
@@ -227,7 +234,9 @@ def run(config, data_dir=None, verbose=None):
             model, num_guesses=config.num_guesses, delta=config.delta,
             confidence=config.confidence,
         )
-    _, accuracy = model.evaluate(x_test, y_test, batch_size=1000, verbose=0)
+    _, accuracy = model.evaluate(x_test[:max_test_examples],
+                                 y_test[:max_test_examples], batch_size=1000,
+                                 verbose=0)
     return {
         "result": result,
         # Gradient canaries: the result under each score (same run); only
@@ -275,10 +284,17 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     config = config_from_flags()
+    caps = shared_flags.smoke_test_caps()  # $TF_DPADAM_SMOKE_TEST: 2 steps
+    if caps.max_steps:
+        config = dataclasses.replace(config,
+                                     steps=min(config.steps, caps.max_steps))
     if config.broken != "none":
         print(f"*** --break={config.broken}: the privatizer is DELIBERATELY"
               " BROKEN; this run is NOT private (testing the auditor) ***")
-    out = run(config, FLAGS.data_dir)
+    with shared_flags.usage_errors(datasets.DatasetUnavailableError,
+                                   hint=shared_flags.OFFLINE_IMAGES_HINT):
+        out = run(config, FLAGS.data_dir,
+                  max_test_examples=caps.max_test_examples)
     result = out["result"]
     print(f"{config.canaries} canaries ({config.score if config.canaries == 'gradient' else 'loss drop'}"
           f" score), q = {out['sampling_rate']:.4f}, T = {config.steps},"
@@ -296,4 +312,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)

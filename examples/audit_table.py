@@ -14,7 +14,8 @@ import dataclasses
 from absl import app
 from absl import flags
 
-from examples import audit
+from examples import audit  # pylint: disable=g-bad-import-order
+from examples import shared_flags
 
 
 def define_flags():
@@ -107,4 +108,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    shared_flags.run(main)
