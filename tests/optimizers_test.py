@@ -621,3 +621,109 @@ class NoiseStatisticsTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+# --------------------------------------------------------------------------
+# Keras' decoupled weight decay and parameter averaging (EMA) on the DP rules.
+# --------------------------------------------------------------------------
+
+
+class _DecayedReference(ReferenceOptimizer):
+    """A rule with decoupled weight decay (Loshchilov & Hutter; Keras'
+    `weight_decay`): theta <- theta - lr * wd * theta, then the rule's own
+    update on the private gradient. It also keeps the exponential moving
+    average of the weights that Keras' `use_ema` keeps: the weights after
+    the first step, then avg <- mu avg + (1 - mu) theta."""
+
+    def __init__(self, rule, params, *, weight_decay, ema_momentum, **hyper):
+        super().__init__(rule, params, **hyper)
+        self.weight_decay = weight_decay
+        self.ema_momentum = ema_momentum
+        self.average = None
+
+    def step(self, params, grads):
+        lr = self.hyper["lr"]
+        decayed = [p - lr * self.weight_decay * p for p in params]
+        params = super().step(decayed, grads)
+        mu = 0.0 if self.average is None else self.ema_momentum
+        self.average = [p if a is None else mu * a + (1 - mu) * p
+                        for p, a in zip(params, self.average or [None] * len(params))]
+        return params
+
+
+class WeightDecayAndEmaTest(parameterized.TestCase):
+    """DP-SGD, DP-AdamW and DP-AdamBC with decoupled weight decay (the
+    corrected form of DP-AdamW), and parameter averaging, in lockstep with
+    the NumPy reference: every step, and the averaged weights that `fit`
+    leaves in the model at its end (Keras' `finalize_variable_values`).
+    Accumulated: two physical batches of 8 per logical step of B = 16, so
+    decay and average advance once per logical step."""
+
+    @parameterized.named_parameters(
+        ("dpsgd", "dpsgd", 1), ("dpadamw", "dpadam", 1),
+        ("corrected", "corrected", 1), ("corrected_phi", "corrected_phi", 1),
+        ("corrected_phi_accumulated", "corrected_phi", 2),
+    )
+    def test_weights_and_average_follow_reference(self, rule, accumulation):
+        weight_decay, ema_momentum = 0.05, 0.8
+        x, y = _data()
+        x64 = x.astype(np.float64)
+        base = _mlp()
+        initial = _arrays(base.trainable_variables)
+        clip = _median_clip(initial, x, y)
+        logical = _PHYSICAL * accumulation
+        batch_size = _FIXED_B if accumulation == 1 else logical
+        phi = None
+        if rule == "corrected_phi":
+            *_, first_g, _ = reference_training(
+                initial, x64, y, clip=clip, batch_size=batch_size,
+                physical=logical,
+                make_rule=lambda p: ReferenceOptimizer("sgd", p, lr=0.0,
+                                                       momentum=0.0),
+            )
+            phi = float(np.median(np.concatenate(
+                [g.ravel() ** 2 for g in first_g])))
+        cls, kwargs, ref_rule, hyper = _rule_setup(rule, phi)
+        trajectory, _, _, reference = reference_training(
+            initial, x64, y, clip=clip, batch_size=batch_size,
+            physical=logical,
+            make_rule=lambda p: _DecayedReference(
+                ref_rule, p, weight_decay=weight_decay,
+                ema_momentum=ema_momentum, **hyper),
+        )
+        # The decay matters: without it the first step differs.
+        plain, *_ = reference_training(
+            initial, x64, y, clip=clip, batch_size=batch_size,
+            physical=logical,
+            make_rule=lambda p: ReferenceOptimizer(ref_rule, p, **hyper))
+        self.assertGreater(max(np.abs(a - b).max() for a, b in
+                               zip(plain[0], trajectory[0])), 1e-5)
+
+        model = tf_dpadam.make_private(base, seed=0)
+        model.compile(
+            optimizer=cls(l2_norm_clip=clip, noise_multiplier=0.0,
+                          batch_size=batch_size, weight_decay=weight_decay,
+                          use_ema=True, ema_momentum=ema_momentum,
+                          gradient_accumulation_steps=(
+                              accumulation if accumulation > 1 else None),
+                          **kwargs),
+            loss=_LOSS, jit_compile=False,
+        )
+        recorder = _RecordWeights()
+        model.fit(x, y, batch_size=_PHYSICAL, epochs=1, shuffle=False,
+                  verbose=0, callbacks=[recorder])
+        steps = recorder.steps[accumulation - 1::accumulation]
+        if len(recorder.steps) % accumulation:
+            steps.append(recorder.steps[-1])  # the last, partial step
+        self.assertLen(steps, len(trajectory))
+        rtol = _RTOL.get(rule, 1e-5)
+        for step, (got, want) in enumerate(zip(steps, trajectory)):
+            for a, e in zip(got, want):
+                np.testing.assert_allclose(a, e, rtol=rtol, atol=_ATOL,
+                                           err_msg=f"step {step + 1}")
+        # After fit the model holds the average (post-processing: free).
+        for a, e in zip(_arrays(model.trainable_variables),
+                        reference.average):
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=_ATOL)
+        self.assertGreater(max(np.abs(a - b).max() for a, b in zip(
+            reference.average, trajectory[-1])), 1e-5)
