@@ -23,7 +23,8 @@ class DenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
             input_shape,
             keras.layers.Dense(6, use_bias=use_bias, activation=activation,
                                name="dense"),
-            keras.layers.Dense(3),
+            # Named: Keras' automatic name of a first Dense is "dense" too.
+            keras.layers.Dense(3, name="head"),
         )
         x = helpers.normal((helpers.BATCH, *input_shape))
         y = helpers.normal((helpers.BATCH, *input_shape[:-1], 3), seed=1)

@@ -61,12 +61,18 @@ class RuleLookupTest(parameterized.TestCase):
         self.assertIsNone(rule)
         self.assertIn(reason, got)
 
-    def test_lora_and_replaced_call_have_no_ghost_rule(self):
+    def test_lora_and_replaced_call(self):
+        # LoRA layers take their table's rule (tests/ghost_clipping_lora_test.py).
         layer = keras.layers.Dense(3)
         layer.build((None, 4))
         layer.enable_lora(2)
-        self.assertEqual(registry.ghost_rule(layer),
-                         (None, "LoRA is enabled"))
+        self.assertIs(registry.ghost_rule(layer)[0],
+                      registry.LORA_RULES[keras.layers.Dense])
+        embedding = keras.layers.Embedding(5, 3)
+        embedding.build((None, 4))
+        embedding.enable_lora(2)
+        self.assertEqual(registry.ghost_rule(embedding),
+                         (None, "no ghost rule for Embedding with LoRA"))
         plain = keras.layers.Dense(3)
         object.__setattr__(plain, "call", lambda inputs: inputs)
         self.assertEqual(registry.ghost_rule(plain),

@@ -21,15 +21,24 @@ class DenseRule(rule.Rule):
 
     name = "Dense"
     weight_names = ("kernel", "bias")
+    # The layer attribute of the kernel variable.
+    kernel_name = "kernel"
 
     def _product(self, a, kernel):
         """The layer's `a W` (before bias and activation)."""
         return ops.matmul(a, kernel)
 
+    def _kernel_value(self):
+        """The kernel the layer's call uses, with its gradient stopped."""
+        return rule.stopped(self.layer.kernel)
+
+    def _kernel_shape(self):
+        return tuple(getattr(self.layer, self.kernel_name).shape)
+
     def intercept(self, recording, original, *args, **kwargs):
         layer = self.layer
         a = rule.first_input(args, kwargs)
-        z = self._product(a, rule.stopped(layer.kernel))
+        z = self._product(a, self._kernel_value())
         if layer.bias is not None:
             z = ops.add(z, rule.stopped(layer.bias))
         recording.tape.watch(z)
@@ -37,7 +46,7 @@ class DenseRule(rule.Rule):
         return layer.activation(z) if layer.activation is not None else z
 
     def blocks(self, recording, tap_grads):
-        d, p = self.layer.kernel.shape
+        d, p = self._kernel_shape()
         a_list, g_list, bias_grads = [], [], []
         for record, (g,) in zip(self.records, tap_grads):
             a = ops.cast(record["a"], "float32")
@@ -45,20 +54,21 @@ class DenseRule(rule.Rule):
             a_list.append(tf.reshape(a, [recording.batch_size, -1, d]))
             g_list.append(tf.reshape(g, [recording.batch_size, -1, p]))
             bias_grads.append(ops.sum(g_list[-1], axis=1))
-        return self._kernel_and_bias(
-            a_list, g_list, bias_grads,
-            to_matrix=lambda w: ops.cast(w, "float32"),
-            from_matrix=lambda m: m,
+        return self._weight_blocks(
+            ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
+            bias_grads, KernelMatrix.dense(d, p),
         )
 
-    def _kernel_and_bias(self, a_list, g_list, bias_grads, to_matrix,
-                         from_matrix):
-        kernel, bias = self.variable("kernel"), self.variable("bias")
+    def _weight_blocks(self, a, g, bias_grads, matrix):
+        """The blocks of the kernel (`a`: `[B, T, d]`, `g`: `[B, T, p]`,
+        `matrix` the kernel's `KernelMatrix`) and of the bias."""
+        kernel = self.variable(self.kernel_name)
+        bias = self.variable("bias")
         out = {}
         if kernel is not None:
             out[id(kernel)] = [blocks.LinearBlock(
-                ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
-                to_matrix=to_matrix, from_matrix=from_matrix,
+                a, g, to_matrix=matrix.to_matrix,
+                from_matrix=matrix.from_matrix,
             )]
         if bias is not None:
             out[id(bias)] = [
@@ -82,24 +92,20 @@ class EinsumDenseRule(DenseRule):
     def _product(self, a, kernel):
         return ops.einsum(self.layer.equation, a, kernel)
 
+    def _kernel_matrix(self):
+        """The kernel's `KernelMatrix`: contracted axes x output axes."""
+        layer = self.layer
+        inputs, w_spec, output, _ = parse_einsum(layer.equation)
+        return KernelMatrix(w_spec, self._kernel_shape(), contracted=inputs,
+                            produced=output)
+
     def blocks(self, recording, tap_grads):
         layer = self.layer
         bias = self.variable("bias")
         inputs, w_spec, output, _ = parse_einsum(layer.equation)
-        contracted = "".join(c for c in w_spec if c in inputs)
-        produced = "".join(c for c in w_spec if c in output)
-        w_dims = dict(zip(w_spec, layer.kernel.shape))
-        d = math.prod(w_dims[c] for c in contracted)
-        p = math.prod(w_dims[c] for c in produced)
-        matrix_spec = contracted + produced
-
-        def to_matrix(w):
-            w = _transpose_to(ops.cast(w, "float32"), w_spec, matrix_spec)
-            return tf.reshape(w, [d, p])
-
-        def from_matrix(m):
-            m = tf.reshape(m, [w_dims[c] for c in matrix_spec])
-            return _transpose_to(m, matrix_spec, w_spec)
+        matrix = self._kernel_matrix()
+        contracted, produced = matrix.contracted, matrix.produced
+        d, p = matrix.d, matrix.p
 
         a_list, g_list, bias_grads = [], [], []
         batch = recording.batch_size
@@ -119,8 +125,49 @@ class EinsumDenseRule(DenseRule):
             g_list.append(tf.reshape(g_t, [batch, -1, p]))
             if bias is not None:
                 bias_grads.append(reduce_to_shape(g, bias.shape))
-        return self._kernel_and_bias(a_list, g_list, bias_grads, to_matrix,
-                                     from_matrix)
+        return self._weight_blocks(
+            ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
+            bias_grads, matrix,
+        )
+
+
+class KernelMatrix:
+    """How a kernel is seen as a `[d, p]` matrix (contracted x output axes).
+
+    Attributes:
+        spec: the kernel's einsum letters (e.g. "cde"); "io" for Dense.
+        contracted, produced: its contracted and output letters, in `spec`
+            order (the matrix's row and column axes, flattened).
+        dims: `{letter: size}`.
+        d, p: the matrix's shape.
+    """
+
+    def __init__(self, spec, shape, contracted, produced):
+        """`spec` of `shape`; its letters in `contracted` are contracted
+        with the input, those in `produced` are output axes."""
+        self.spec = spec
+        self.contracted = "".join(c for c in spec if c in contracted)
+        self.produced = "".join(c for c in spec if c in produced)
+        self.dims = dict(zip(spec, shape))
+        self.d = math.prod(self.dims[c] for c in self.contracted)
+        self.p = math.prod(self.dims[c] for c in self.produced)
+
+    @classmethod
+    def dense(cls, d, p):
+        """A `[d, p]` kernel, already a matrix."""
+        return cls("io", (d, p), contracted="i", produced="o")
+
+    def to_matrix(self, w):
+        """`[d, p]` from a weight of the kernel's shape."""
+        w = _transpose_to(ops.cast(w, "float32"), self.spec,
+                          self.contracted + self.produced)
+        return tf.reshape(w, [self.d, self.p])
+
+    def from_matrix(self, m):
+        """The kernel's shape from `[d, p]`."""
+        matrix_spec = self.contracted + self.produced
+        m = tf.reshape(m, [self.dims[c] for c in matrix_spec])
+        return _transpose_to(m, matrix_spec, self.spec)
 
 
 def parse_einsum(equation):

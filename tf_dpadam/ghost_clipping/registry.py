@@ -27,6 +27,7 @@ from tf_dpadam import keras_internals
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import embedding
+from tf_dpadam.ghost_clipping import lora
 from tf_dpadam.ghost_clipping import normalization
 
 # Layer class -> rule; a subclass gets its nearest registered base's rule.
@@ -39,6 +40,12 @@ GHOST_RULES = {
     keras.layers.Conv2D: convolution.ConvolutionRule,
 }
 
+# The same for a layer with LoRA enabled (`enable_lora` or `lora_rank=`).
+LORA_RULES = {
+    keras.layers.Dense: lora.LoraDenseRule,
+    keras.layers.EinsumDense: lora.LoraEinsumDenseRule,
+}
+
 # Never looked into: with trainable weights, they are fallback units.
 OPAQUE_LAYERS = (keras.layers.RNN, keras.layers.Wrapper)
 
@@ -48,10 +55,16 @@ OPAQUE_LAYERS = (keras.layers.RNN, keras.layers.Wrapper)
 EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
 
 
+def _table(layer):
+    """`LORA_RULES` for a layer with LoRA enabled, else `GHOST_RULES`."""
+    return LORA_RULES if getattr(layer, "lora_enabled", False) else GHOST_RULES
+
+
 def registered_class(layer):
-    """The nearest class of `layer` (its own or a base) in `GHOST_RULES`."""
+    """The nearest class of `layer` (its own or a base) in its table."""
+    table = _table(layer)
     for cls in type(layer).__mro__:
-        if cls in GHOST_RULES:
+        if cls in table:
             return cls
     return None
 
@@ -60,17 +73,16 @@ def ghost_rule(layer):
     """`(rule class, None)` for `layer`, or `(None, why there is none)`."""
     if "call" in layer.__dict__:
         return None, "call is replaced on the instance"
-    if getattr(layer, "lora_enabled", False):
-        return None, "LoRA is enabled"
     if getattr(layer, "quantization_mode", None) is not None:
         return None, "the layer is quantized"
     base = registered_class(layer)
     if base is None:
-        return None, f"no ghost rule for {type(layer).__name__}"
-    rule = GHOST_RULES[base]
-    if any(getattr(type(layer), name) is not getattr(base, name)
-           for name in rule.overridable):
-        return None, "call is overridden"
+        with_lora = " with LoRA" if _table(layer) is LORA_RULES else ""
+        return None, f"no ghost rule for {type(layer).__name__}{with_lora}"
+    rule = _table(layer)[base]
+    for name in rule.overridable:
+        if getattr(type(layer), name) is not getattr(base, name):
+            return None, f"{name} is overridden"
     reason = rule.refusal(layer)
     if reason is not None:
         return None, reason
@@ -95,9 +107,12 @@ def refusals(layer):
 
 
 def markdown_table():
-    """The README's table of ghost rules, generated from `GHOST_RULES`."""
+    """The README's table of ghost rules, generated from `GHOST_RULES` and
+    `LORA_RULES`."""
     rows = ["| layer | ghost rule | module |", "|---|---|---|"]
-    for cls, rule in GHOST_RULES.items():
-        module = rule.__module__.rsplit(".", 1)[-1]
-        rows.append(f"| `{cls.__name__}` | `{rule.__name__}` | `{module}.py` |")
+    for table, note in ((GHOST_RULES, ""), (LORA_RULES, " with LoRA")):
+        for cls, rule in table.items():
+            module = rule.__module__.rsplit(".", 1)[-1]
+            rows.append(f"| `{cls.__name__}`{note} | `{rule.__name__}` |"
+                        f" `{module}.py` |")
     return "\n".join(rows)
