@@ -727,3 +727,43 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
             np.testing.assert_allclose(a, e, rtol=rtol, atol=_ATOL)
         self.assertGreater(max(np.abs(a - b).max() for a, b in zip(
             reference.average, trajectory[-1])), 1e-5)
+
+    def test_validation_on_averaged_weights_leaves_training_unchanged(self):
+        # keras.callbacks.SwapEMAWeights evaluates on the averaged weights
+        # during fit and swaps the trained ones back: the training trajectory
+        # is the one without validation, and each epoch's validation loss is
+        # that of the average at the time.
+        x, y = _data()
+        clip = _median_clip(_arrays(_mlp().trainable_variables), x, y)
+
+        def train(callbacks, validation):
+            model = tf_dpadam.make_private(_mlp(), seed=0)
+            model.compile(
+                optimizer=tf_dpadam.DPAdamCorrected(
+                    l2_norm_clip=clip, noise_multiplier=0.0,
+                    batch_size=_FIXED_B, learning_rate=0.05, use_ema=True,
+                    ema_momentum=0.5),
+                loss=_LOSS, jit_compile=False)
+            recorder = _RecordWeights()
+            history = model.fit(
+                x, y, batch_size=_PHYSICAL, epochs=2, shuffle=False,
+                verbose=0, callbacks=[recorder] + callbacks,
+                validation_data=(x[:12], y[:12]) if validation else None)
+            return model, recorder.steps, history
+
+        plain_model, plain, _ = train([], validation=False)
+        swapped_model, steps, history = train(
+            [keras.callbacks.SwapEMAWeights()], validation=True)
+        # Keras swaps by arithmetic (a + b - b), which rounds: 1e-6.
+        self.assertLen(steps, len(plain))
+        for got, want in zip(steps, plain):
+            for a, e in zip(got, want):
+                np.testing.assert_allclose(a, e, atol=1e-6)
+        # After fit both hold the average; evaluated now, it gives the loss
+        # that validation reported for the last epoch.
+        for a, e in zip(_arrays(swapped_model.trainable_variables),
+                        _arrays(plain_model.trainable_variables)):
+            np.testing.assert_allclose(a, e, atol=1e-6)
+        final = swapped_model.evaluate(x[:12], y[:12], verbose=0)
+        self.assertAlmostEqual(history.history["val_loss"][-1], final,
+                               places=5)
