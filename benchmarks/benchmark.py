@@ -21,6 +21,16 @@ Configurations:
              else a randomly initialized BERT of the same shape).
   cnn_accum: the CNN at logical batch 2048 = 8 x 256 with accumulation; its
              memory is compared with the non-private step at the physical 256.
+  lora:      LoRA fine-tuning of MiniLM (the preset if installed, else a
+             random BERT of its shape): rank 8 on every attention projection
+             (query, key, value, attention_output EinsumDense layers), the
+             rest frozen, a Dense head on the [CLS] token; sequence length
+             128, batch 32.
+
+For the DP variants that take the ghost path, the child also reports how
+each trainable variable's per-example blocks were computed
+(`ghost_clipping.block_modes`: the ghost norm or materialized); the parent
+prints them grouped by layer name.
 """
 
 import json
@@ -56,7 +66,11 @@ _VARIANTS = {
             "dpadam_corrected+vectorized"],
     "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure"],
     "cnn_accum": ["dpadam_corrected"],
+    "lora": ["nonprivate", "dpadam_corrected"],
 }
+# LoRA rank and target layers of the "lora" configuration.
+_LORA_RANK = 8
+_LORA_TARGETS = ["query", "key", "value", "attention_output"]
 
 
 def _rss_bytes():
@@ -118,6 +132,60 @@ def _text_setup(batch, steps):
     return (lambda: model), x, y
 
 
+def _minilm_shaped_bert(sequence_length):
+    """`(backbone, preprocessor)`: the MiniLM preset if installed, else a
+    randomly initialized BERT of its shape (6 layers, 384 wide)."""
+    from examples import models
+
+    try:
+        return models.load_bert(models.default_offline_preset(),
+                                sequence_length=sequence_length)
+    except (ImportError, FileNotFoundError):
+        return models.make_tiny_bert(
+            num_layers=6, hidden_dim=384, num_heads=12,
+            intermediate_dim=1536, sequence_length=sequence_length,
+        )
+
+
+def _lora_setup(batch, steps):
+    import keras
+    import numpy as np
+
+    from examples import models
+
+    backbone, preprocessor = _minilm_shaped_bert(128)
+    backbone.enable_lora(_LORA_RANK, target_layer_names=_LORA_TARGETS)
+    inputs = {name: keras.Input((128,), dtype="int32", name=name)
+              for name in models.TEXT_INPUTS}
+    cls = backbone(inputs)["sequence_output"][:, 0, :]
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(cls))
+    x = preprocessor(["a fairly long sentence for the benchmark " * 20] * batch)
+    x = {k: np.asarray(v) for k, v in x.items()}
+    y = np.random.default_rng(1).integers(0, 3, batch)
+    return (lambda: model), x, y
+
+
+def _block_modes(model, x, y):
+    """`{layer path: {weight name: mode}}` of ghost clipping's blocks."""
+    import keras
+
+    from tf_dpadam import ghost_clipping
+
+    if not hasattr(ghost_clipping, "block_modes"):  # an older tf_dpadam
+        return None
+
+    def loss_fn(y, y_pred, sample_weight):
+        return keras.losses.sparse_categorical_crossentropy(
+            y, y_pred, from_logits=True)
+
+    modes = ghost_clipping.block_modes(model, loss_fn, x, y)
+    out = {}
+    for path, kinds in modes.items():
+        layer, _, weight = path.rpartition("/")
+        out.setdefault(layer, {})[weight] = "+".join(kinds)
+    return out
+
+
 def _child(spec):
     config, variant, jit = spec["config"], spec["variant"], spec["jit"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -128,13 +196,12 @@ def _child(spec):
     import tf_dpadam
 
     tf.get_logger().setLevel("ERROR")
-    physical = 32 if config == "text" else 256
+    physical = 32 if config in ("text", "lora") else 256
     accumulation = 8 if config == "cnn_accum" else 1
-    if config == "text":
-        build, x, y = _text_setup(physical, FLAGS.steps)
-    else:
-        build, x, y = _cnn_setup(physical, FLAGS.steps)
+    setup = {"text": _text_setup, "lora": _lora_setup}.get(config, _cnn_setup)
+    build, x, y = setup(physical, FLAGS.steps)
     model = build()
+    unwrapped = model
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if variant == "nonprivate":
         optimizer = keras.optimizers.Adam(1e-3)
@@ -167,6 +234,12 @@ def _child(spec):
         tf.config.experimental.reset_memory_stats("CPU:0")
     timed = FLAGS.steps * accumulation
     model.fit(dataset, steps_per_epoch=timed, verbose=0, callbacks=[Timer()])
+    tensor_peak = _allocator_info()
+    peak_rss = _peak_rss_bytes()
+    clipping = getattr(model, "clipping_used", None)
+    # Traced after the timed steps (not timed, nothing runs).
+    modes = (_block_modes(unwrapped, x, y) if clipping == "ghost"
+             and accumulation == 1 else None)
     # Time per physical batch; a logical step of cnn_accum is 8 of them.
     return {
         "config": config,
@@ -174,18 +247,19 @@ def _child(spec):
         "jit": jit,
         "physical_batch": physical,
         "logical_batch": physical * accumulation,
-        "clipping": getattr(model, "clipping_used", None),
+        "clipping": clipping,
         "median_step_seconds": statistics.median(times),
-        "peak_extra_bytes": _peak_rss_bytes() - baseline,
+        "peak_extra_bytes": peak_rss - baseline,
         # The most bytes of tensors alive at once during the timed steps,
         # above those alive before training (weights, data).
         "tensor_peak_extra_bytes": (
             None if tensors_before is None
-            else _allocator_info()["peak"] - tensors_before["current"]
+            else tensor_peak["peak"] - tensors_before["current"]
         ),
         "trainable_parameters": int(
             sum(np.prod(v.shape) for v in model.trainable_variables)
         ),
+        "block_modes": modes,
     }
 
 
@@ -243,6 +317,19 @@ def _ratios(results):
     return rows
 
 
+def _modes_summary(block_modes):
+    """One line per (layer name, weight modes), counting the layers."""
+    counts = {}
+    for layer, weights in block_modes.items():
+        name = layer.rsplit("/", 1)[-1]
+        key = (name, tuple(sorted(weights.items())))
+        counts[key] = counts.get(key, 0) + 1
+    return [
+        f"{name} x{n}: " + ", ".join(f"{w} {m}" for w, m in weights)
+        for (name, weights), n in sorted(counts.items())
+    ]
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -281,6 +368,12 @@ def main(argv):
               f" {str(row['jit']):5s}"
               f" {row['time_ratio']:7.2f} {row['memory_ratio']:7.2f}"
               f" {'n/a' if tensors is None else f'{tensors:.2f}':>10s}{note}")
+    for r in results:
+        if r.get("block_modes"):
+            print(f"\nGhost clipping's blocks ({r['config']},"
+                  f" {r['variant']}, jit={r['jit']}): layers by name")
+            for line in _modes_summary(r["block_modes"]):
+                print("  " + line)
     if FLAGS.output:
         with open(FLAGS.output, "w") as f:
             json.dump({"results": results, "ratios": rows}, f, indent=1)

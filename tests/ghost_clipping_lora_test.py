@@ -147,15 +147,20 @@ class LoraEinsumDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
             "abc,cde->abde", (12, 3, 5), bias_axes="de", name="lora")
         model = _lora_model((12, 16), layer, rank=4, alpha=None,
                             after_build=True)
-        a, g = tf.zeros([2, 12, 16]), tf.zeros([2, 12, 15])
-        a_block, b_block = lora.lora_blocks(
-            a, g, tf.zeros([16, 12]), tf.zeros([4, 5]), 1.0, True,
-            lambda w: w, lambda m: m)
-        self.assertEqual((a_block.mode, b_block.mode),
-                         ("ghost", "materialize"))
         x = helpers.normal((helpers.BATCH, 12, 16))
         y = helpers.normal((helpers.BATCH, 3), seed=1)
         self.assert_lockstep(model, x, y)
+        modes = ghost_clipping.block_modes(
+            model, ghost_clipping.compiled_loss_fn(model), x, y)
+        # (Paths start with the Sequential's automatic name.)
+        modes = {path.split("/", 1)[1]: m for path, m in modes.items()}
+        self.assertEqual(modes, {
+            "lora/bias": ["MaterializedBlock"],
+            "lora/lora_kernel_a": ["ghost"],
+            "lora/lora_kernel_b": ["materialize"],
+            "head/kernel": ["outer"],
+            "head/bias": ["MaterializedBlock"],
+        })
 
 
 class LoraBlocksTest(parameterized.TestCase):

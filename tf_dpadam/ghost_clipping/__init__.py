@@ -11,12 +11,14 @@ result equals explicit per-example clipping up to float rounding.
 Layout (the step knows no layer; a rule knows no clipping):
 
 * `step.py`: the step (`clipped_gradient_sum`): record, backward to the
-  taps, norms, clip factors, weighted sum.
+  taps, norms, clip factors, weighted sum; `block_modes` says which blocks
+  took the ghost norm and which were materialized.
 * `plan.py`: which rule owns which trainable variable; `describe(model)`.
 * `registry.py`: the table of layer classes -> rules, what is looked into,
   what falls back and what is refused (and why).
 * `rule.py`: the rule interface; `blocks.py`: per-example gradient blocks.
-* one module per layer family: `dense.py` (Dense, EinsumDense),
+* one module per layer family: `dense.py` (Dense, EinsumDense), `lora.py`
+  (Dense and EinsumDense with LoRA enabled),
   `convolution.py` (Conv1D, Conv2D), `embedding.py`, `normalization.py`
   (LayerNormalization), `fallback.py` (any other layer with weights: a
   vectorized map over that layer alone).
@@ -46,10 +48,11 @@ from tf_dpadam.ghost_clipping.per_example_loss import compiled_loss_fn
 from tf_dpadam.ghost_clipping.plan import describe
 from tf_dpadam.ghost_clipping.plan import supports
 from tf_dpadam.ghost_clipping.plan import unsupported_layers
+from tf_dpadam.ghost_clipping.step import block_modes
 from tf_dpadam.ghost_clipping.step import clipped_gradient_sum
 from tf_dpadam.ghost_clipping.step import GhostClippingUnsupportedError
 
 __all__ = [
-    "clipped_gradient_sum", "compiled_loss_fn", "describe",
+    "block_modes", "clipped_gradient_sum", "compiled_loss_fn", "describe",
     "GhostClippingUnsupportedError", "supports", "unsupported_layers",
 ]

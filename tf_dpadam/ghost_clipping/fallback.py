@@ -1,10 +1,11 @@
 """The fallback rule: exact per-example gradients of one layer, vectorized.
 
-For a layer with trainable weights and no ghost rule (RNNs, LoRA layers,
-other convolutions, custom layers, ...), the step records the layer's call
-arguments and output; the output gradients come from the batched backward
-pass, and each example's weight gradient is the vector-Jacobian product of
-the layer alone on that example, by a vectorized map. Only that layer pays
+For a layer with trainable weights and no ghost rule (RNNs, LoRA embeddings
+and convolutions, other convolutions, custom layers, ...), the step records
+the layer's call arguments and output; the output gradients come from the
+batched backward pass, and each example's weight gradient is the
+vector-Jacobian product of the layer alone on that example, by a vectorized
+map. Only that layer pays
 for per-example backward passes. The replay cannot reproduce the forward
 pass's random draws, so a fallback layer that draws random numbers in
 training (e.g. contains dropout) is refused.

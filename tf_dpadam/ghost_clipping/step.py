@@ -128,6 +128,16 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         GhostClippingUnsupportedError: at trace time, if the model cannot use
             ghost clipping; nothing has been applied.
     """
+    result, _ = _clipped_gradient_sum(
+        model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
+        mask=mask, training=training,
+    )
+    return result
+
+
+def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
+                          l2_norm_clip, mask=None, training=True):
+    """`clipped_gradient_sum`'s result, and the blocks it was computed from."""
     if keras_internals.in_stateless_scope():
         raise GhostClippingUnsupportedError(
             "ghost clipping does not run inside a keras.StatelessScope"
@@ -165,7 +175,33 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         losses = losses + ops.cast(regularization, losses.dtype)
     for rule in plan.rules:
         rule.reset()
-    return summed, norms, losses, y_pred
+    return (summed, norms, losses, y_pred), blocks
+
+
+def block_modes(model, per_example_loss_fn, x, y, sample_weight=None):
+    """How ghost clipping computes each trainable variable's blocks.
+
+    Traces the step once on batches shaped like `x` (nothing runs or is
+    applied): `{variable path: [mode, ...]}`, one mode per block, "outer",
+    "materialize" or "ghost" for a `blocks.LinearBlock` (`linear_mode`: the
+    ghost norm costs T^2 per example, materializing d p), else the block's
+    class name (e.g. "MaterializedBlock" for a bias or a fallback layer).
+    """
+    variables = model.trainable_variables
+    modes = {}
+
+    @tf.function(autograph=False)
+    def trace(x, y, sample_weight):
+        (_, norms, _, _), blocks = _clipped_gradient_sum(
+            model, per_example_loss_fn, x, y, sample_weight, 1.0
+        )
+        for v in variables:
+            modes[v.path] = [getattr(b, "mode", type(b).__name__)
+                             for b in blocks.get(id(v), [])]
+        return norms
+
+    trace.get_concrete_function(x, y, sample_weight)
+    return modes
 
 
 def _check_recording(model, recording, losses):
