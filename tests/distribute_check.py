@@ -37,7 +37,13 @@ def _strategy(replicas):
     return _STRATEGIES[replicas]
 
 
-def noise_free_weights(replicas, batch_size, unclipped_sgd=False):
+def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
+                       accumulation_steps=None, weight_decay=None):
+    """Weights after 2 epochs of 2 logical steps of 16 examples each.
+
+    With `accumulation_steps=k` a logical step is k physical batches of
+    16 / k examples (16 / (k R) per replica).
+    """
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 6)).astype("float32")
     y = rng.integers(0, 3, 32)
@@ -54,22 +60,30 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False):
             # per-example gradients off by any factor change the weights.
             optimizer = tf_dpadam.DPSGD(
                 l2_norm_clip=1e3, noise_multiplier=0.0, learning_rate=0.1,
-                batch_size=batch_size,
+                batch_size=batch_size, momentum=0.5,
+                weight_decay=weight_decay,
+                gradient_accumulation_steps=accumulation_steps,
             )
         else:
             optimizer = tf_dpadam.DPAdamCorrected(
                 l2_norm_clip=0.3, noise_multiplier=0.0, phi=1e-4,
                 epsilon=1e-6, learning_rate=0.01, batch_size=batch_size,
+                weight_decay=weight_decay,
+                gradient_accumulation_steps=accumulation_steps,
             )
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=16 // (accumulation_steps or 1), epochs=2,
+              shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 4
     return [w.numpy().tolist() for w in base.weights]
 
 
-def noise_update(replicas, units, sigma, clip, batch, batch_size):
+def noise_update(replicas, units, sigma, clip, batch, batch_size,
+                 accumulation_steps=None):
+    """The update of one logical step on zero gradients: the noise alone."""
     with _strategy(replicas).scope():
         base = keras.Sequential([
             keras.Input((units,)),
@@ -81,11 +95,13 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size):
             optimizer=tf_dpadam.DPSGD(
                 l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0,
                 batch_size=batch_size,
+                gradient_accumulation_steps=accumulation_steps,
             ),
             loss="mse",
         )
     x = np.zeros((batch, units), "float32")
-    model.fit(x, x, batch_size=batch, verbose=0)
+    model.fit(x, x, batch_size=batch // (accumulation_steps or 1), verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 1
     return {
         "std": float(np.std(-base.weights[0].numpy())),
         "size": int(base.weights[0].numpy().size),
@@ -105,6 +121,17 @@ def main():
                                              unclipped_sgd=True),
         "noise_counted_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, None),
         "noise_fixed_b": noise_update(_REPLICAS, 320, 1.3, 0.5, 32, 40),
+        # Accumulation with replicas: k = 2 physical batches of 8 examples
+        # (2 per replica), against the same k on one device.
+        "single_accumulated": noise_free_weights(
+            1, None, accumulation_steps=2, weight_decay=0.1
+        ),
+        "replicated_accumulated": noise_free_weights(
+            _REPLICAS, None, accumulation_steps=2, weight_decay=0.1
+        ),
+        "noise_accumulated": noise_update(
+            _REPLICAS, 320, 1.3, 0.5, 32, None, accumulation_steps=4
+        ),
     }
     print("RESULT " + json.dumps(result))
 

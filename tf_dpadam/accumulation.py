@@ -6,9 +6,51 @@ the DP optimizer's `build`, saved and restored with it, so a resumed run
 continues the logical step). The private train step adds each micro-batch;
 on every k-th one the accumulated sum is noised once, divided by B and
 applied, and the accumulators are cleared.
+
+Under `tf.distribute` (R replicas, one or several workers) each replica
+keeps its own copy of the accumulators (`synchronization="on_read"`) and adds
+its own micro-batches to it without communication. The logical step runs in
+cross-replica context: all replicas meet in one `merge_call` per micro-batch
+(outside any control flow, as Keras' own gradient aggregation does), and
+inside it one `tf.cond` all-reduces the per-replica sums once, noises,
+divides by the global B and applies, on every k-th micro-batch only. (The
+reverse nesting, a `merge_call` inside a `tf.cond` of the replica's step,
+is what `tf.distribute` refuses.)
 """
 
+import keras
+import tensorflow as tf
 from keras import ops
+
+
+def _replica_local_variable(optimizer, shape, dtype, name):
+    """An optimizer variable with one copy per replica, summed when saved.
+
+    `keras.Optimizer.add_variable` has no `synchronization` argument; this is
+    the same variable with `synchronization="on_read"`: each replica assigns
+    its own copy without communication, and reading it in cross-replica
+    context (as saving does) gives the sum over the replicas. Without
+    `tf.distribute` it is an ordinary variable.
+    """
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        variable = keras.Variable(
+            initializer="zeros",
+            shape=shape,
+            dtype=dtype,
+            trainable=False,
+            aggregation="sum",
+            synchronization="on_read",
+            name=name,
+        )
+    optimizer._track_variable(variable)  # pylint: disable=protected-access
+    return variable
+
+
+def _local_copies(variable):
+    """This worker's per-replica copies of a Keras variable (cross-replica)."""
+    return tf.distribute.get_strategy().experimental_local_results(
+        variable.value
+    )
 
 
 class GradientAccumulator:
@@ -22,21 +64,16 @@ class GradientAccumulator:
 
     def __init__(self, optimizer, var_list, steps):
         self.steps = steps
-        # Sums over the replicas (so the same on every replica).
+        # This replica's sums (the sum over all replicas when read in
+        # cross-replica context; without replicas, just the sums).
         self.sums = [
-            optimizer.add_variable(
-                shape=v.shape,
-                dtype=v.dtype,
-                aggregation="only_first_replica",
-                name=f"dp_accumulator_{i}",
+            _replica_local_variable(
+                optimizer, v.shape, v.dtype, f"dp_accumulator_{i}"
             )
             for i, v in enumerate(var_list)
         ]
-        self.count = optimizer.add_variable(
-            shape=(),
-            dtype="float32",
-            aggregation="only_first_replica",
-            name="dp_accumulated_count",
+        self.count = _replica_local_variable(
+            optimizer, (), "float32", "dp_accumulated_count"
         )
         self.micro_step = optimizer.add_variable(
             shape=(),
@@ -48,9 +85,11 @@ class GradientAccumulator:
     def add(self, summed, count, apply_step):
         """Adds a micro-batch; runs the logical step on every k-th one.
 
+        Without `tf.distribute` replicas (see `add_on_replicas`).
+
         Args:
-            summed: the micro-batch's clipped sums (over all replicas).
-            count: its number of examples (over all replicas).
+            summed: the micro-batch's clipped sums.
+            count: its number of examples.
             apply_step: `f(sums, count)` that noises, scales and applies the
                 logical step's accumulated sums.
         """
@@ -69,3 +108,41 @@ class GradientAccumulator:
         ops.cond(
             self.micro_step % self.steps == 0, step, lambda: ops.zeros(())
         )
+
+    def add_on_replicas(self, summed, count, logical_step):
+        """Adds this replica's micro-batch; the logical step on every k-th.
+
+        In a replica's train step under `tf.distribute`, outside control
+        flow. Each replica adds its own clipped sums to its own accumulators
+        (no communication); then every replica enters one `merge_call`, in
+        which the k-th micro-batch runs `logical_step` under a `tf.cond` and
+        clears the accumulators.
+
+        Args:
+            summed: this replica's clipped sums of the micro-batch.
+            count: this replica's number of examples in it.
+            logical_step: `f(strategy, sums, count)`, called in cross-replica
+                context with the accumulator variables (one copy per replica;
+                `privatizer.sum_replica_copies` all-reduces them), that
+                noises, scales and applies the logical step.
+        """
+        for accumulator, g in zip(self.sums, summed):
+            accumulator.assign(accumulator + g)
+        self.count.assign(self.count + count)
+
+        def merge_fn(strategy):
+            self.micro_step.assign(self.micro_step + 1)
+
+            def step():
+                logical_step(strategy, self.sums, self.count)
+                for accumulator in self.sums + [self.count]:
+                    for copy in _local_copies(accumulator):
+                        copy.assign(tf.zeros_like(copy))
+                return tf.zeros(())
+
+            tf.cond(
+                self.micro_step.value % self.steps == 0,
+                step, lambda: tf.zeros(()),
+            )
+
+        tf.distribute.get_replica_context().merge_call(merge_fn)

@@ -15,6 +15,7 @@ bias-corrected denominator of Tang & Lecuyer.
 """
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import accumulation
@@ -126,6 +127,35 @@ class DPOptimizerMixin:
             )
         return super().apply(grads, trainable_variables)
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not _in_cross_replica_context():
+            return super()._backend_update_step(
+                grads, trainable_variables, learning_rate
+            )
+        # The logical step of accumulation under tf.distribute
+        # (accumulation.py) applies in cross-replica context, where Keras'
+        # TensorFlow optimizer would ask for a merge_call: the gradients are
+        # already summed over the replicas, update every copy with them.
+        self._distributed_tf_update_step(
+            tf.distribute.get_strategy(),
+            [(g, v.value) for g, v in zip(grads, trainable_variables)],
+            learning_rate,
+        )
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is None or not _in_cross_replica_context():
+            return super()._apply_weight_decay(variables)
+        strategy = tf.distribute.get_strategy()
+
+        def decay(variable):
+            lr = tf.cast(self.learning_rate, variable.dtype)
+            wd = tf.cast(self.weight_decay, variable.dtype)
+            variable.assign_sub(variable * wd * lr)
+
+        for variable in variables:
+            if self._use_weight_decay(variable):
+                strategy.extended.update(variable.value, decay, group=False)
+
     def noise_phi(self):
         """Phi = (sigma C / B)^2 for the current step's B (a tensor)."""
         return dp_math.noise_variance_phi(
@@ -140,6 +170,11 @@ class DPOptimizerMixin:
             "batch_size": self.batch_size,
             "gradient_accumulation_steps": None if k == 1 else k,
         }
+
+
+def _in_cross_replica_context():
+    return (tf.distribute.has_strategy()
+            and tf.distribute.in_cross_replica_context())
 
 
 def is_dp_optimizer(optimizer):
@@ -160,6 +195,9 @@ _DP_ARGS_DOC = """
             physical batches: their clipped gradients are summed, noise is
             added once, and the optimizer (its moments and `iterations`)
             advances once per k batches. B is then the logical batch size.
+            Under `tf.distribute` every replica accumulates its own k
+            physical batches; the logical batch is k global batches, its
+            sums are all-reduced once and noised once.
 """
 
 

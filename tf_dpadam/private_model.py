@@ -77,6 +77,24 @@ def _present_examples(x, sample_weight):
     return ops.cast(ops.any(ops.not_equal(weight, 0), axis=1), "float32")
 
 
+def _logs_for_keras_reduction(logs):
+    """The step's logs, as Keras can average them over several workers.
+
+    With several workers Keras' TensorFlow trainer averages each log with
+    `strategy.reduce("MEAN", value, axis=0)`, which fails on the scalars
+    that metrics are (Keras 3.15, tensorflow/tensorflow#72388). Shape [1]
+    reduces to the same scalar mean over the replicas.
+    """
+    strategy = tf.distribute.get_strategy()
+    try:
+        local = len(strategy.extended.worker_devices)
+    except RuntimeError:  # The default strategy.
+        return logs
+    if strategy.num_replicas_in_sync == local:  # One worker.
+        return logs
+    return tf.nest.map_structure(lambda v: ops.reshape(v, (1,)), logs)
+
+
 def _require_dp_optimizer(optimizer):
     if not dp_optimizers.is_dp_optimizer(optimizer):
         raise ValueError(
@@ -178,6 +196,25 @@ class PrivateModel(keras.Model):
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)  # builds the optimizer of a built model
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras' TensorFlow trainer takes the shapes of a distributed batch
+        # from one `strategy.reduce` of the whole (x, y) structure, which
+        # MultiWorkerMirroredStrategy refuses for a structure (Keras 3.15,
+        # TF 2.21). The first local replica's batch has the same shapes and
+        # needs no communication.
+        if iterator is not None and self._distribute_strategy is not None:
+            strategy = self._distribute_strategy
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0],
+                    next(batches),
+                )
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(
+            iterator=iterator, data_batch=data_batch
+        )
+
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         optimizer = self.optimizer
@@ -204,26 +241,29 @@ class PrivateModel(keras.Model):
             x, y, sample_weight, present, self._clip_norm(config)
         )
         count = ops.sum(present)
-        if privatizer.num_replicas() > 1 or config.accumulation_steps > 1:
-            summed, count = privatizer.sum_over_replicas((summed, count))
-
-        def noise_scale_apply(summed, count):
-            self._noise_scale_apply(summed, count, variables)
+        accumulator = optimizer.dp_accumulator  # None unless k > 1
 
         # Phases 3 to 5: noise, scale, update (once per logical step).
-        if config.accumulation_steps == 1:
-            noise_scale_apply(summed, count)
-        elif privatizer.num_replicas() > 1:
-            # The conditional update would need a merge_call inside control
-            # flow, which tf.distribute does not support.
-            raise ValueError(
-                "gradient_accumulation_steps > 1 is not supported with"
-                f" {privatizer.num_replicas()} tf.distribute replicas: give"
-                " each replica a larger batch instead (the logical batch is"
-                " split over the replicas and the noise is added once)."
+        if accumulator is not None and tf.distribute.has_strategy():
+            # Each replica accumulates its own sums; the logical step
+            # all-reduces them once (accumulation.py).
+            accumulator.add_on_replicas(
+                summed, count,
+                lambda strategy, sums, count: self._logical_step_on_replicas(
+                    strategy, sums, count, variables
+                ),
             )
         else:
-            optimizer.dp_accumulator.add(summed, count, noise_scale_apply)
+            if privatizer.num_replicas() > 1:
+                summed, count = privatizer.sum_over_replicas((summed, count))
+
+            def noise_scale_apply(summed, count):
+                self._noise_scale_apply(summed, count, variables)
+
+            if accumulator is None:
+                noise_scale_apply(summed, count)
+            else:
+                accumulator.add(summed, count, noise_scale_apply)
 
         compile_loss = keras_internals.compile_loss(self)
         if compile_loss is not None and compile_loss.metrics:
@@ -232,7 +272,9 @@ class PrivateModel(keras.Model):
             ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
             sample_weight=ops.sum(present),
         )
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return _logs_for_keras_reduction(
+            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        )
 
     def _sum_of_clipped_gradients(self, x, y, sample_weight, present,
                                   l2_norm_clip):
@@ -300,6 +342,44 @@ class PrivateModel(keras.Model):
         if audit is not None:
             audit.observe(private_grads, variables)
         optimizer.apply_private(private_grads, variables, denominator)
+
+    def _logical_step_on_replicas(self, strategy, sums, count, variables):
+        """Noise once, all-reduce once, divide by B, apply (cross-replica).
+
+        The logical step of accumulation under `tf.distribute`: `sums` and
+        `count` are the accumulators, one copy per replica. The noise is
+        added to the copy of the replica with global id 0 before the one
+        all-reduce (`privatizer.sum_replica_copies`), so it is drawn once in
+        total and every worker applies the same gradient.
+        """
+        optimizer = self.optimizer
+        config = optimizer.dp_config
+        if self._audit.value is not None:
+            raise ValueError(
+                "tf_dpadam.audit supports one replica only; it is not"
+                " available with gradient accumulation under tf.distribute."
+            )
+        seed = self._noise_seeds.value.next(optimizer.iterations)
+
+        def add_noise(values):
+            noised = privatizer.add_noise(
+                values[:-1], config.noise_stddev, seed,
+                secure_mode=self.secure_mode,
+            )
+            return noised + [values[-1]]
+
+        reduced = privatizer.sum_replica_copies(
+            strategy, list(sums) + [count], first_replica=add_noise
+        )
+        noised, total = reduced[:-1], reduced[-1]
+        denominator = config.denominator(total)
+        if self.diagnostics:
+            # The clean sum needs an all-reduce of its own (research only).
+            clean = privatizer.sum_replica_copies(strategy, list(sums))
+            self._clean_gradients.value.record(clean, denominator)
+        optimizer.apply_private(
+            privatizer.scale(noised, denominator), variables, denominator
+        )
 
     def _clip_norm(self, config):
         """C, unless a `tf_dpadam.audit` test deliberately breaks it."""

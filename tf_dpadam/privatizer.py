@@ -12,7 +12,9 @@ phase and keeps the others:
 
 Under `tf.distribute` every replica clips its own examples; the sums are
 added over replicas, the noise is drawn once (on the first replica) and the
-denominator is the global B.
+denominator is the global B. With gradient accumulation the per-replica sums
+of a logical step are all-reduced once, in cross-replica context
+(`sum_replica_copies`).
 """
 
 import os
@@ -301,3 +303,46 @@ def first_replica_share():
     return tf.cast(
         tf.equal(context.replica_id_in_sync_group, 0), tf.float32
     )
+
+
+def sum_replica_copies(strategy, variables, first_replica=None):
+    """The sum over all replicas of per-replica variables: one all-reduce.
+
+    For cross-replica context (a `merge_call`), with variables that keep one
+    copy per replica (`synchronization="on_read"`, as the accumulators of
+    `accumulation.py`). All values go through one `batch_reduce_to`, over all
+    replicas of all workers.
+
+    Args:
+        strategy: the `tf.distribute` strategy.
+        variables: a list of Keras variables.
+        first_replica: optional `f(list of tensors) -> list of tensors`,
+            applied to the copies of the replica with global id 0 only,
+            before the sum: the noise is drawn there, once in total, and
+            reaches every worker through the all-reduce (so workers need not
+            share a noise key).
+
+    Returns:
+        The list of sums, as tensors on this worker's first device (the same
+        values on every worker).
+    """
+    copies = [strategy.experimental_local_results(v.value) for v in variables]
+    devices = strategy.extended.worker_devices
+
+    def replica_values(context):
+        replica = context.replica_id_in_sync_group  # a Python int
+        local = replica % len(devices)
+        with tf.device(devices[local]):
+            values = [tf.identity(c[local]) for c in copies]
+            if first_replica is not None and replica == 0:
+                values = list(first_replica(values))
+        return values
+
+    per_replica = strategy.experimental_distribute_values_from_function(
+        replica_values
+    )
+    reduced = strategy.extended.batch_reduce_to(
+        tf.distribute.ReduceOp.SUM,
+        [(value, v.value) for value, v in zip(per_replica, variables)],
+    )
+    return [strategy.experimental_local_results(r)[0] for r in reduced]
