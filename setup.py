@@ -22,7 +22,7 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "tests": ["pytest", "scipy"],
+        "tests": ["pytest", "scipy", "array-record"],
         "examples": [
             "tensorflow-datasets",
             # tensorflow-datasets imports it through etils (its `epath`
