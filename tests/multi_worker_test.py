@@ -49,7 +49,7 @@ class MultiWorkerTest(absltest.TestCase):
         ]
         cls.results = []
         try:
-            outputs = [w.communicate(timeout=600) for w in workers]
+            outputs = [w.communicate(timeout=300) for w in workers]
         finally:
             for w in workers:
                 if w.poll() is None:

@@ -143,6 +143,11 @@ class ShardedPoissonBatchesTest(parameterized.TestCase):
                 data, expected_batch_size=2, physical_batch_size=2,
                 num_workers=11,
             )
+        with self.assertRaisesRegex(ValueError, "same first dimension"):
+            sharding.sharded_poisson_batches(
+                (data[0], data[1][:9]), expected_batch_size=2,
+                physical_batch_size=2,
+            )
         with self.assertRaisesRegex(ValueError, "expected_batch_size=20"):
             sharding.sharded_poisson_batches(
                 data, expected_batch_size=20, physical_batch_size=2,

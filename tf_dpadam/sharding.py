@@ -131,6 +131,12 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
         raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
     data = tuple(tf.nest.map_structure(np.asarray, item) for item in data)
     num_examples = len(tf.nest.flatten(data[0])[0])
+    for array in tf.nest.flatten(data):
+        if len(array) != num_examples:
+            raise ValueError(
+                "Expected every array in data to have the same first"
+                f" dimension, got {len(array)} and {num_examples}."
+            )
     validation.check_count("num_workers", num_workers)
     validation.check_count("replicas_per_worker", replicas_per_worker)
     validation.check_count("physical_batch_size", physical_batch_size)
@@ -180,9 +186,10 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
         constants = tf.nest.map_structure(
             lambda a: tf.constant(a[shard]), (x, y, weight)
         )
+        own_key = worker_key(key, worker)
 
         def sample_step(nonce):
-            seed_pair = tf.stack([worker_key(key, worker), nonce])
+            seed_pair = tf.stack([own_key, nonce])
             included = tf.random.stateless_uniform(
                 [len(shard)], seed=seed_pair
             ) < q
