@@ -1,8 +1,10 @@
 """Child process of data_source_test: Poisson batches from a large ArrayRecord file.
 
-Usage: data_source_memory_check.py PATH FEATURES EXPECTED_BATCH STEPS SEED
+Usage: data_source_memory_check.py FEATURES EXPECTED_BATCH STEPS SEED
 
-Reads the ArrayRecord file PATH (records: an int64 index, then FEATURES
+Imports TensorFlow, then waits for the path of an ArrayRecord file on its
+standard input (so that the parent can write the file meanwhile), and reads
+that file (records: an int64 index, then FEATURES
 float32 values, the first equal to the index and the others 1, 2, ...)
 through `poisson_batches_from_source` for STEPS logical steps, and prints one
 line `RESULT {json}` with the resident memory before and after (bytes of
@@ -14,6 +16,7 @@ allocations blur the measurement.
 """
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -47,9 +50,8 @@ def _reset_peak():
 
 
 def main(argv):
-    path, features, expected_batch, steps, seed = argv[1:]
-    features, expected_batch, steps, seed = (
-        int(features), int(expected_batch), int(steps), int(seed))
+    features, expected_batch, steps, seed = map(int, argv[1:])
+    path = sys.stdin.readline().strip()
     dtype = np.dtype([("index", "<i8"), ("x", "<f4", (features,))])
     pattern = np.arange(1, features, dtype=np.float32)
 
@@ -116,6 +118,7 @@ def main(argv):
         "block_counts": counts.reshape(-1, _BLOCK).sum(axis=1).tolist(),
     }
     print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # pylint: disable=protected-access  # skip TF's teardown
 
 
 if __name__ == "__main__":

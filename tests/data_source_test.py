@@ -476,9 +476,6 @@ def _write_array_record(path):
 class MillionRecordsOnDiskTest(absltest.TestCase):
 
     def test_flat_memory_and_inclusion_frequencies(self):
-        path = os.path.join(_temporary_directory(self),
-                            "records.array_record")
-        _write_array_record(path)
         script = os.path.join(os.path.dirname(__file__),
                               "data_source_memory_check.py")
         # glibc gives each thread that allocates its own arena (up to 8 per
@@ -487,10 +484,19 @@ class MillionRecordsOnDiskTest(absltest.TestCase):
         # RSS by ~600 MB of freed, cached memory (malloc_stats: ~140 MB in
         # use). Two arenas measure what the pipeline holds.
         env = dict(os.environ, MALLOC_ARENA_MAX="2")
-        run = subprocess.run(
-            [sys.executable, script, path, str(_FEATURES), str(_BATCH),
+        # The child imports TensorFlow while this process writes the file.
+        child = subprocess.Popen(
+            [sys.executable, script, str(_FEATURES), str(_BATCH),
              str(_STEPS), "13"],
-            capture_output=True, text=True, timeout=300, check=False, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=env)
+        self.addCleanup(child.kill)
+        path = os.path.join(_temporary_directory(self),
+                            "records.array_record")
+        _write_array_record(path)
+        stdout, stderr = child.communicate(path + "\n", timeout=300)
+        run = subprocess.CompletedProcess(child.args, child.returncode,
+                                          stdout, stderr)
         lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
         if run.returncode != 0 or not lines:
             raise AssertionError(
