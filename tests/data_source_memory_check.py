@@ -1,4 +1,4 @@
-"""Child process of data_source_test: Poisson batches from a large ArrayRecord file.
+"""Child of data_source_test: Poisson batches from a large ArrayRecord file.
 
 Usage: data_source_memory_check.py FEATURES EXPECTED_BATCH STEPS SEED
 
@@ -28,6 +28,9 @@ from array_record.python import array_record_data_source
 from tf_dpadam import data as dp_data
 
 _BLOCK = 1000
+# The sampler's public nonces and per-step generators, to recompute the draws.
+_step_nonces = dp_data._step_nonces  # pylint: disable=protected-access
+_step_generator = dp_data._step_generator  # pylint: disable=protected-access
 
 
 def _status(field):
@@ -77,7 +80,7 @@ def main(argv):
     sizes, mismatched_steps, bad_records = [], 0, 0
     sampled_rss = before
     # A fresh nonce stream starts where the pipeline's first pass does.
-    nonces = iter(dp_data._step_nonces().take(steps))  # pylint: disable=protected-access
+    nonces = iter(_step_nonces().take(steps))
     step = []
     for bx, by, bw in batches.dataset:
         real = bw.numpy() > 0
@@ -89,7 +92,7 @@ def main(argv):
         step = []
         drawn = dp_data.poisson_subset(
             num_examples, batches.sampling_rate,
-            dp_data._step_generator(seed, int(next(nonces))),  # pylint: disable=protected-access
+            _step_generator(seed, int(next(nonces))),
         )
         mismatched_steps += not np.array_equal(read, drawn)
         # Each record holds its own index: the rows are the records read.
@@ -118,7 +121,7 @@ def main(argv):
         "block_counts": counts.reshape(-1, _BLOCK).sum(axis=1).tolist(),
     }
     print("RESULT " + json.dumps(result), flush=True)
-    os._exit(0)  # pylint: disable=protected-access  # skip TF's teardown
+    os._exit(0)  # pylint: disable=protected-access  # skips TF's teardown
 
 
 if __name__ == "__main__":

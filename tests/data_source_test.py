@@ -20,6 +20,7 @@ import threading
 import keras
 import numpy as np
 import tensorflow as tf
+import tensorflow_datasets as tfds
 from absl.testing import absltest
 from absl.testing import parameterized
 from array_record.python import array_record_module
@@ -33,6 +34,10 @@ from helpers import numpy_values
 from helpers import seed_everything
 from tf_dpadam import data as dp_data
 
+# The sampler's public nonces and per-step generators, to recompute the draws.
+_step_nonces = dp_data._step_nonces  # pylint: disable=protected-access
+_step_generator = dp_data._step_generator  # pylint: disable=protected-access
+
 # Tests that pass by chance fail with probability at most about 1e-6 each.
 _P_FAIL = 1e-6
 
@@ -41,7 +46,7 @@ class IndexedSource:
     """N records `(x_i, i)` with x_i = [i + 0.5, -i], read through a log.
 
     `__getitems__` reads one step's records at once, as ArrayRecord and
-    `tfds.data_sources` do; `log` keeps the indices of every read.
+    `tfds.data_source` do; `log` keeps the indices of every read.
     """
 
     def __init__(self, n, batched=True):
@@ -106,11 +111,11 @@ def _sampled(batches):
 
 def _drawn(seed, batches, num_examples):
     """What the sampler draws for `seed` at each step of the first pass."""
-    nonces = dp_data._step_nonces().take(batches.steps_per_epoch)  # pylint: disable=protected-access
+    nonces = _step_nonces().take(batches.steps_per_epoch)
     return [
         tuple(dp_data.poisson_subset(
             num_examples, batches.sampling_rate,
-            dp_data._step_generator(seed, int(nonce))).tolist())  # pylint: disable=protected-access
+            _step_generator(seed, int(nonce))).tolist())
         for nonce in nonces
     ]
 
@@ -138,6 +143,29 @@ def _chi_square_fit(observed, probabilities, min_expected=5.0):
         merged.append((last_o + cell_o, last_p + cell_p))
     statistic = sum((o - total * p) ** 2 / (total * p) for o, p in merged)
     return statistic, len(merged) - 1
+
+
+class _IndexedTfds(tfds.core.GeneratorBasedBuilder):
+    """300 examples {"x": [i + 0.5, -i], "label": i}, nothing to download."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict({
+                "x": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+                "label": tfds.features.Scalar(dtype=np.int64),
+            }),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(300):
+            yield i, {"x": _x_of(i), "label": i}
 
 
 class SamplerTest(absltest.TestCase):
@@ -280,6 +308,30 @@ class PoissonBatchesFromSourceTest(parameterized.TestCase):
                 np.testing.assert_array_equal(u, v)
         self.assertEqual([tuple(y[w > 0]) for _, y, w in steps],
                          _drawn(5, from_memmap, 300))
+
+    def test_tfds_array_record_data_source(self):
+        # A tfds dataset prepared offline in the ArrayRecord format; its
+        # data source returns feature dicts, in tfds' own (shuffled) order.
+        builder = _IndexedTfds(data_dir=_temporary_directory(self),
+                               file_format="array_record")
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(
+                try_download_gcs=False))
+        source = builder.as_data_source(split="train")
+        self.assertEqual(type(source).__name__, "ArrayRecordDataSource")
+        labels = np.array([source[i]["label"] for i in range(len(source))])
+        self.assertCountEqual(labels, range(300))
+        batches = _from_source(
+            self, source, expected_batch_size=30, steps_per_epoch=5,
+            seed=10, decode=lambda records: (
+                np.stack([r["x"] for r in records]),
+                np.array([r["label"] for r in records])))
+        steps, _ = _steps(batches)
+        self.assertLen(steps, 5)
+        for (x, y, w), drawn in zip(steps, _drawn(10, batches, 300)):
+            real = w > 0
+            np.testing.assert_array_equal(y[real], labels[list(drawn)])
+            np.testing.assert_array_equal(x[real], _x_of(y[real]))
 
     def test_an_explicit_seed_alone_fixes_the_batches(self):
         source = IndexedSource(200)

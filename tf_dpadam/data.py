@@ -45,7 +45,7 @@ warns that anyone who knows it can regenerate every batch.
 
 Datasets larger than memory: `poisson_batches_from_source` samples the same
 Poisson batches by random access into any indexable source (an ArrayRecord or
-`tfds.data_sources` source, a NumPy memmap, ...). Each step draws the batch
+`tfds.data_source` source, a NumPy memmap, ...). Each step draws the batch
 size n ~ Binomial(N, q) and then a uniformly random n-subset of the indices
 (`poisson_subset`, exactly independent Bernoulli(q) inclusion of every
 example), reads those n records and shares the padding, splitting and
@@ -356,7 +356,8 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         seed_pair = tf.stack([tf.constant(key, tf.int64), nonce])
         included = tf.random.stateless_uniform([num_examples], seed=seed_pair) < q
         indices = tf.cast(tf.where(included)[:, 0], tf.int32)
-        rows = tf.nest.map_structure(lambda a: tf.gather(a, indices), constants)
+        rows = tf.nest.map_structure(lambda a: tf.gather(a, indices),
+                                     constants)
         return _pad_and_split(rows, tf.size(indices), layout)
 
     return _pipeline(sample_step, layout)
@@ -453,7 +454,7 @@ def _read(source, indices):
     """The records of `source` at the sorted int64 `indices`.
 
     NumPy arrays (memmaps included) by fancy indexing; sources with
-    `__getitems__` (ArrayRecord and `tfds.data_sources`, PyTorch and Grain
+    `__getitems__` (ArrayRecord and `tfds.data_source`, PyTorch and Grain
     sources) in one batched read; any other by `source[i]` per index.
     """
     if isinstance(source, np.ndarray):
@@ -465,7 +466,7 @@ def _read(source, indices):
 
 
 def _decode_batch(decode, records, count):
-    """`decode(records)` as `(x, y, weight)` of NumPy arrays of `count` rows."""
+    """`decode(records)` as `(x, y, weight)`: NumPy arrays of `count` rows."""
     batch = decode(records)
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
         raise ValueError(
@@ -518,14 +519,15 @@ def poisson_batches_from_source(
         source: an indexable dataset of N = len(source) records: `len` and
             `source[i]` for an int i. Sources with `__getitems__(list)`
             (`array_record.python.array_record_data_source`,
-            `tfds.data_sources`, Grain and PyTorch map-style datasets) are
-            read with one batched call per step, NumPy arrays and memmaps by
-            fancy indexing, others one `source[i]` at a time.
+            `tfds.data_source(name, split=...)`, Grain and PyTorch
+            map-style datasets) are read with one batched call per step,
+            NumPy arrays and memmaps by fancy indexing, others one
+            `source[i]` at a time.
         expected_batch_size: B; the sampling rate is q = B / N.
         decode: maps what one step reads (the list of records, or the array
             of rows of a NumPy source) to `(x, y)` or `(x, y, sample_weight)`
             of NumPy arrays (or nested structures of them) with one row per
-            record, in the order read; e.g. for `tfds.data_sources` records
+            record, in the order read; e.g. for `tfds.data_source` records
             `lambda rs: (np.stack([r["image"] for r in rs]),
             np.array([r["label"] for r in rs]))`. Defaults to
             `stack_records` (records that are `(x, y)` tuples). Called once
