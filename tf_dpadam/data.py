@@ -503,7 +503,11 @@ def poisson_batches_from_source(
     key and step t's public nonce; the records are read in sorted index order
     by a `tf.numpy_function` (so the reads hold the GIL only as long as the
     source does). The accounting is that of any Poisson-sampled run: q = B / N
-    with the global N = len(source) and the expected batch size B.
+    with the global N = len(source) and the expected batch size B. Unlike the
+    in-memory pipeline, which touches every example at every step, the reads
+    show which records a step sampled to whoever can watch the storage (a
+    shared file server, the page cache): the amplification by subsampling
+    assumes that nobody can.
 
     Memory: the pipeline holds a few steps of M rows. The source may hold
     more: an ArrayRecord reader keeps its index in memory (~45 bytes a
