@@ -11,6 +11,10 @@ Images (`load_image_dataset`):
   `tfds.load("fashion_mnist")`.
 - `cifar10`: `tfds.load("cifar10")`.
 
+`image_data_source` reads a tensorflow-datasets image dataset prepared in
+the ArrayRecord format by random access (`--data_source`), for training sets
+larger than memory.
+
 A tensorflow-datasets dataset that is not prepared in `data_dir` and cannot
 be downloaded (no network) raises `DatasetUnavailableError` at once, instead
 of after tensorflow-datasets' minutes of retries.
@@ -25,6 +29,7 @@ Text (`load_text_dataset`):
 
 import contextlib
 import csv
+import dataclasses
 import gzip
 import os
 import socket
@@ -233,6 +238,74 @@ def unreachable_hosts(urls):
 def _first_line(error):
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSource:
+    """Training data read by random access (`--data_source`), not in memory.
+
+    Attributes:
+        source: an indexable source of records (`len`, `[i]`), e.g. the
+            ArrayRecord data source of a prepared tensorflow-datasets split.
+        decode: maps a list of records to `(x, y)` arrays.
+    """
+
+    source: object
+    decode: object
+
+    def __len__(self):
+        return len(self.source)
+
+
+def _decode_image_records(records):
+    return (_scale_images(np.stack([r["image"] for r in records])),
+            np.asarray([r["label"] for r in records], np.int32))
+
+
+def image_data_source(name_or_path, data_dir=None):
+    """An image dataset prepared by tensorflow-datasets, by random access.
+
+    The train split is a `RecordSource` over tfds' ArrayRecord data source
+    (`builder.as_data_source`), so that Poisson sampling reads only the
+    sampled records and memory stays flat in N
+    (`tf_dpadam.data.poisson_batches_from_source`); the test split is read
+    into memory.
+
+    Args:
+        name_or_path: a tfds dataset name prepared in `data_dir` (in the
+            ArrayRecord format: `download_and_prepare(file_format=
+            "array_record")`), or the folder of one (`.../name/version`).
+        data_dir: tfds' data folder for a name.
+
+    Returns:
+        `(train, (x_test, y_test), num_classes)`: a `RecordSource` of
+        float32 images in [0, 1] with int32 labels, the test arrays, and
+        the number of classes.
+
+    Raises:
+        DatasetUnavailableError: if the dataset is not prepared there (no
+            download is attempted) or not in a random-access format.
+    """
+    import tensorflow_datasets as tfds  # Heavy import; only when needed.
+
+    try:
+        if os.path.isdir(name_or_path):
+            builder = tfds.builder_from_directory(name_or_path)
+        else:
+            builder = tfds.builder(name_or_path, data_dir=data_dir)
+        train = builder.as_data_source(split="train")
+        test = builder.as_data_source(split="test")
+    except Exception as error:  # tfds raises many kinds here.
+        raise DatasetUnavailableError(
+            f"--data_source={name_or_path}: not a tensorflow-datasets image"
+            " dataset prepared in the ArrayRecord format"
+            f" ({_first_line(error)}); prepare it with"
+            " download_and_prepare(file_format='array_record')") from error
+    x_test, y_test = _decode_image_records(
+        [test[i] for i in range(len(test))])
+    num_classes = builder.info.features["label"].num_classes
+    return RecordSource(train, _decode_image_records), (x_test, y_test), \
+        num_classes
 
 
 def _scale_images(images):

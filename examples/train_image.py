@@ -30,6 +30,12 @@ def define_flags():
                       "files, else tfds.")
     flags.DEFINE_string("data_dir", None,
                         "Folder of the dataset files (default: the loader's).")
+    flags.DEFINE_string("data_source", None,
+                        "Train by random access on a tensorflow-datasets"
+                        " image dataset prepared in the ArrayRecord format:"
+                        " its name (in --data_dir) or its folder. Only the"
+                        " sampled records are read (data larger than memory);"
+                        " replaces --dataset.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
 
@@ -38,20 +44,28 @@ FLAGS = flags.FLAGS
 
 
 def run(dataset, data_dir, config, max_examples=None, *,
-        max_test_examples=None, **kwargs):
+        max_test_examples=None, data_source=None, **kwargs):
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
-    all); `kwargs` go to `fit_private` (`callbacks`, `max_steps`)."""
-    (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(
-        dataset, data_dir)
-    if max_examples:
-        x_train, y_train = x_train[:max_examples], y_train[:max_examples]
+    all); with `data_source` (`datasets.image_data_source`) the training set
+    is read by random access instead (all of it); `kwargs` go to
+    `fit_private` (`callbacks`, `max_steps`)."""
+    if data_source:
+        train, (x_test, y_test), num_classes = datasets.image_data_source(
+            data_source, data_dir)
+        input_shape = train.decode([train.source[0]])[0].shape[1:]
+    else:
+        (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(
+            dataset, data_dir)
+        if max_examples:
+            x_train, y_train = x_train[:max_examples], y_train[:max_examples]
+        train, input_shape = (x_train, y_train), x_train.shape[1:]
+        num_classes = int(y_train.max()) + 1
     if max_test_examples:
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
-    num_classes = int(y_train.max()) + 1
     return training.fit_private(
-        lambda: models.make_cnn(x_train.shape[1:], num_classes),
-        (x_train, y_train),
+        lambda: models.make_cnn(input_shape, num_classes),
+        train,
         (x_test, y_test),
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -71,6 +85,7 @@ def main(argv):
         results = run(FLAGS.dataset, FLAGS.data_dir, config,
                       caps.examples(FLAGS.max_examples),
                       max_test_examples=caps.max_test_examples,
+                      data_source=FLAGS.data_source,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

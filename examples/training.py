@@ -12,6 +12,7 @@ the steps that ran.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -22,14 +23,26 @@ import tensorflow as tf
 
 import tf_dpadam
 from examples import common
+from examples import datasets
 
 
 def poisson_plan(config, train):
-    """`(N, T, batches)`: the examples, the steps and their Poisson batches."""
-    num_examples = len(train[1])
+    """`(N, T, batches)`: the examples, the steps and their Poisson batches.
+
+    `train` is `(x, y)` arrays, or a `datasets.RecordSource` read by random
+    access (only the sampled records of each step).
+    """
+    if isinstance(train, datasets.RecordSource):
+        num_examples = len(train)
+        make_batches = functools.partial(
+            tf_dpadam.data.poisson_batches_from_source, train.source,
+            decode=train.decode)
+    else:
+        num_examples = len(train[1])
+        make_batches = functools.partial(tf_dpadam.data.poisson_batches,
+                                         train)
     steps = common.total_steps(config, num_examples)  # Before any pipeline.
-    batches = tf_dpadam.data.poisson_batches(
-        train,
+    batches = make_batches(
         expected_batch_size=config.batch_size,
         physical_batch_size=config.physical_batch_size,
         steps_per_epoch=config.eval_every,
@@ -188,7 +201,9 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
 
     Args:
         model_fn: builds the (non-private) Keras model.
-        train: `(x, y)` NumPy arrays (x may be a dict of arrays).
+        train: `(x, y)` NumPy arrays (x may be a dict of arrays), or a
+            `datasets.RecordSource` (random access, for data larger than
+            memory).
         test: `(x, y)` for evaluation.
         config: a `common.TrainConfig`; with a `model_dir`, a checkpoint
             there is resumed and metrics.json written.

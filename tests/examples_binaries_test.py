@@ -23,6 +23,32 @@ from examples import train_text
 import helpers
 
 
+class TinyImagesForTest(tfds.core.GeneratorBasedBuilder):
+    """96 train and 16 test 8x8 grey images, labels 0-9; no download."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 1)),
+                "label": tfds.features.ClassLabel(num_classes=10),
+            }),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {"train": self._generate_examples(96, 0),
+                "test": self._generate_examples(16, 1)}
+
+    def _generate_examples(self, n, seed):
+        rng = np.random.default_rng(seed)
+        for i in range(n):
+            yield i, {"image": rng.integers(0, 256, (8, 8, 1), np.uint8),
+                      "label": i % 10}
+
+
 class ImageBinaryTest(absltest.TestCase):
 
     def test_cifar10_through_tfds_mock_data(self):
@@ -44,6 +70,49 @@ class ImageBinaryTest(absltest.TestCase):
             results = train_image.run("cifar10", None, more)
         self.assertEqual(results["steps"], 6)
         self.assertEqual([r["step"] for r in results["history"]], [2, 4, 6])
+
+    def test_data_source_reads_only_the_sampled_records(self):
+        # --data_source: a tfds image dataset prepared as ArrayRecord, read
+        # by random access: every read is one step's Poisson(q = 16/96)
+        # sample, never the whole set, and the accounting uses N = 96.
+        data_dir = tempfile.mkdtemp()
+        builder = TinyImagesForTest(data_dir=data_dir, file_format="array_record")
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(
+                try_download_gcs=False))
+        train, (x_test, y_test), num_classes = datasets.image_data_source(
+            "tiny_images_for_test", data_dir)
+        self.assertLen(train, 96)
+        by_folder, _, _ = datasets.image_data_source(
+            os.path.join(data_dir, "tiny_images_for_test", "1.0.0"))
+        self.assertLen(by_folder, 96)
+        self.assertEqual((x_test.shape, num_classes), ((16, 8, 8, 1), 10))
+        x, y = train.decode([train.source[0], train.source[1]])
+        self.assertEqual((x.shape, x.dtype, y.dtype),
+                         ((2, 8, 8, 1), np.float32, np.int32))
+        self.assertBetween(float(x.max()), 0.0, 1.0)
+        reads = []  # the records of each read: one step's sample
+        original = type(train.source).__getitems__
+
+        def counting(source, indices):
+            reads.append(list(indices))
+            return original(source, indices)
+
+        config = helpers.train_config(epochs=4 * 16 / 96)
+        with mock.patch.object(type(train.source), "__getitems__", counting):
+            results = train_image.run(None, data_dir, config,
+                                      data_source="tiny_images_for_test")
+        self.assertEqual((results["steps"], results["num_examples"]), (4, 96))
+        self.assertEqual(results["epsilon"], common.spent_epsilon(config, 4,
+                                                                  96))
+        # One read per step (the pipeline may prefetch a few more), each of
+        # one Poisson sample: about 16 records, never a pass over all 96.
+        self.assertGreaterEqual(len(reads), 4)
+        self.assertLess(max(len(r) for r in reads), 48)
+        self.assertTrue(all(len(set(r)) == len(r) for r in reads))
+        with self.assertRaisesRegex(datasets.DatasetUnavailableError,
+                                    "--data_source=nowhere"):
+            datasets.image_data_source("nowhere", data_dir)
 
     def test_target_epsilon_stops_at_the_calibrated_step(self):
         config = helpers.train_config(
