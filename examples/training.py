@@ -52,6 +52,9 @@ def poisson_plan(config, train):
         # it gets the static padded batches.
         pad_to_multiple_of=None if config.jit_compile else 32,
     )
+    if isinstance(train, datasets.RecordSource) and train.transform:
+        batches = batches._replace(dataset=batches.dataset.map(
+            train.transform, num_parallel_calls=tf.data.AUTOTUNE))
     return num_examples, steps, batches
 
 

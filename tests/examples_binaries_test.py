@@ -131,7 +131,76 @@ class ImageBinaryTest(absltest.TestCase):
                 train_image.main(["train_image", "stray"])
 
 
+class TinyTextForTest(tfds.core.GeneratorBasedBuilder):
+    """64 train and 16 validation sentences (or premise/hypothesis pairs,
+    config "pairs", with some unlabeled: -1) and binary labels."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="sentences"),
+                       tfds.core.BuilderConfig(name="pairs")]
+
+    def _info(self):
+        text = {"sentence": tfds.features.Text()}
+        if self.builder_config.name == "pairs":
+            text = {"premise": tfds.features.Text(),
+                    "hypothesis": tfds.features.Text()}
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(dict(
+                text, label=tfds.features.ClassLabel(num_classes=2))),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {"train": self._generate_examples(64, 0),
+                "validation": self._generate_examples(16, 1)}
+
+    def _generate_examples(self, n, seed):
+        rng = np.random.default_rng(seed)
+        words = ["good", "bad", "movie", "the", "a", "great", "awful"]
+        for i in range(n):
+            sentence = " ".join(rng.choice(words, size=5))
+            label = int("good" in sentence)
+            if self.builder_config.name == "pairs":
+                yield i, {"premise": sentence, "hypothesis": "the movie",
+                          "label": -1 if i % 8 == 7 else label}
+            else:
+                yield i, {"sentence": sentence, "label": label}
+
+
 class TextBinaryTest(absltest.TestCase):
+
+    def test_data_source_tokenizes_each_sampled_batch(self):
+        data_dir = tempfile.mkdtemp()
+        backbone = models.make_tiny_bert(sequence_length=16)
+        for config_name in ("sentences", "pairs"):
+            builder = TinyTextForTest(config=config_name, data_dir=data_dir,
+                                      file_format="array_record")
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(
+                    try_download_gcs=False))
+            name = f"tiny_text_for_test/{config_name}"
+            train, (x_test, y_test), classes = datasets.text_data_source(
+                name, backbone[1], data_dir)
+            self.assertEqual((len(train), classes), (64, 2))
+            # Unlabeled pairs are left out of the evaluation and weigh 0
+            # in training (sampled at the same rate, so q = B / N holds).
+            self.assertLen(y_test, 14 if config_name == "pairs" else 16)
+            self.assertEqual(x_test["token_ids"].shape[1], 16)
+            records = [train.source[i] for i in range(len(train))]
+            _, y, weight = train.decode(records)
+            labels = np.array([r["label"] for r in records])
+            np.testing.assert_array_equal(weight, labels >= 0)
+            np.testing.assert_array_equal(y, np.maximum(labels, 0))
+            self.assertEqual(int((weight == 0).sum()),
+                             8 if config_name == "pairs" else 0)
+            config = helpers.train_config(optimizer="dpadam", epsilon=1e-8,
+                                          epochs=4 * 16 / 64)
+            results = train_text.run(None, data_dir, None, 16, config,
+                                     backbone=backbone, data_source=name)
+            self.assertEqual((results["steps"], results["num_examples"]),
+                             (4, 64))
+            self.assertBetween(results["test_accuracy"], 0.0, 1.0)
 
     def write_sst2(self):
         folder = tempfile.mkdtemp()
