@@ -247,6 +247,17 @@ _RTOL = {"dpsgd": 1e-5, "dpadam": 1e-5, "corrected": 1e-5,
          "corrected_phi": 1e-4, "corrected_phi_epsilon": 1e-4}
 
 
+def _median_phi(initial, x, y, clip, batch_size, physical):
+    """Phi at the median of g_tilde^2 of the first step (= v_hat at t = 1),
+    so that v_hat - Phi falls below gamma' on about half of the
+    coordinates."""
+    *_, first_g, _ = reference_training(
+        initial, x, y, clip=clip, batch_size=batch_size, physical=physical,
+        make_rule=lambda p: ReferenceOptimizer("sgd", p, lr=0.0, momentum=0.0),
+    )
+    return float(np.median(np.concatenate([g.ravel() ** 2 for g in first_g])))
+
+
 def _rule_setup(name, phi=None):
     """Returns (optimizer class, its kwargs, reference rule, its hyper)."""
     if name == "dpsgd":
@@ -328,17 +339,7 @@ class LockstepTest(parameterized.TestCase):
 
         phi = None
         if rule.startswith("corrected_phi"):
-            # Phi at the median of g_tilde^2 of the first step (= v_hat at
-            # t = 1), so that v_hat - Phi falls below gamma' on about half of
-            # the coordinates.
-            *_, first_g, _ = reference_training(
-                initial, x64, y, clip=clip, batch_size=batch_size,
-                physical=_PHYSICAL,
-                make_rule=lambda p: ReferenceOptimizer("sgd", p, lr=0.0,
-                                                       momentum=0.0),
-            )
-            phi = float(np.median(np.concatenate(
-                [g.ravel() ** 2 for g in first_g])))
+            phi = _median_phi(initial, x64, y, clip, batch_size, _PHYSICAL)
         cls, kwargs, ref_rule, hyper = _rule_setup(rule, phi)
 
         trajectory, norms, _, reference = reference_training(
@@ -675,14 +676,7 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
         batch_size = _FIXED_B if accumulation == 1 else logical
         phi = None
         if rule == "corrected_phi":
-            *_, first_g, _ = reference_training(
-                initial, x64, y, clip=clip, batch_size=batch_size,
-                physical=logical,
-                make_rule=lambda p: ReferenceOptimizer("sgd", p, lr=0.0,
-                                                       momentum=0.0),
-            )
-            phi = float(np.median(np.concatenate(
-                [g.ravel() ** 2 for g in first_g])))
+            phi = _median_phi(initial, x64, y, clip, batch_size, logical)
         cls, kwargs, ref_rule, hyper = _rule_setup(rule, phi)
         trajectory, _, _, reference = reference_training(
             initial, x64, y, clip=clip, batch_size=batch_size,
