@@ -202,6 +202,9 @@ class GradientCanaries:
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         self._variables = np.searchsorted(offsets, flat, side="right") - 1
         self._coordinates = flat - offsets[self._variables]
+        # (variable index, the canaries on it), for the variables with any.
+        self._groups = [(index, np.flatnonzero(self._variables == index))
+                        for index in np.unique(self._variables)]
         self._signs = self._rng.choice([-1.0, 1.0], self.num_canaries)
         self._norm = self.norm_multiple * model.optimizer.l2_norm_clip
         self._num_variables = len(sizes)
@@ -213,15 +216,21 @@ class GradientCanaries:
         )
         hooks.canaries = self
 
+    def _gather(self, tensors):
+        """Each canary's coordinate of `tensors` (one per trainable
+        variable, in order): a float64 vector of m values."""
+        along = tf.zeros([self.num_canaries], tf.float64)
+        for index, canary_ids in self._groups:
+            values = tf.gather(tf.reshape(tensors[index], [-1]),
+                               self._coordinates[canary_ids])
+            along = along + tf.scatter_nd(
+                tf.constant(canary_ids[:, None], tf.int64),
+                tf.cast(values, tf.float64), [self.num_canaries],
+            )
+        return along
+
     def _values(self, model):
-        variables = model.trainable_variables
-        values = np.empty(self.num_canaries)
-        for index, variable in enumerate(variables):
-            chosen = self._variables == index
-            if np.any(chosen):
-                flat = np.reshape(keras.ops.convert_to_numpy(variable), -1)
-                values[chosen] = flat[self._coordinates[chosen]]
-        return values
+        return self._gather(model.trainable_variables).numpy()
 
     def add_to_step(self, summed, count, variables, l2_norm_clip, step):
         """The clipped sum plus this step's sampled canaries (graph code).
@@ -248,13 +257,11 @@ class GradientCanaries:
         values = (tf.cast(sampled, tf.float32) * self._norm * factor
                   * tf.constant(self._signs, tf.float32))
         result = list(summed)
-        for index, variable in enumerate(variables):
-            chosen = np.flatnonzero(self._variables == index)
-            if chosen.size == 0:
-                continue
+        for index, canary_ids in self._groups:
+            variable = variables[index]
             delta = tf.scatter_nd(
-                tf.constant(self._coordinates[chosen][:, None], tf.int64),
-                tf.gather(values, chosen),
+                tf.constant(self._coordinates[canary_ids][:, None], tf.int64),
+                tf.gather(values, canary_ids),
                 [int(np.prod(variable.shape))],
             )
             result[index] = result[index] + tf.cast(
@@ -276,18 +283,7 @@ class GradientCanaries:
                 "GradientCanaries support one replica only (the privatized"
                 " gradient is split between replicas)."
             )
-        along = tf.zeros([self.num_canaries], tf.float64)
-        for index, gradient in enumerate(private_grads):
-            chosen = np.flatnonzero(self._variables == index)
-            if chosen.size == 0:
-                continue
-            values = tf.gather(tf.reshape(gradient, [-1]),
-                               self._coordinates[chosen])
-            along = along + tf.scatter_nd(
-                tf.constant(chosen[:, None], tf.int64),
-                tf.cast(values, tf.float64), [self.num_canaries],
-            )
-        self._gradient_sums.assign_add(along)
+        self._gradient_sums.assign_add(self._gather(private_grads))
 
     def scores(self, model, kind="movement"):
         """Each canary's score; higher means more likely included.
