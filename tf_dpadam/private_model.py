@@ -17,6 +17,7 @@ from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
 from tf_dpadam import keras_internals
 from tf_dpadam import optimizers as dp_optimizers
+from tf_dpadam import pipeline
 from tf_dpadam import privatizer
 from tf_dpadam import vectorized_clipping
 from tf_dpadam.ghost_clipping import registry
@@ -117,7 +118,7 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
-class PrivateModel(keras.Model):
+class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
     def __init__(self, base_model, seed=None, clipping="auto",

@@ -1,0 +1,199 @@
+"""keras-hub task models (with their preprocessor) through `make_private`.
+
+A keras-hub task such as `keras_hub.models.BertTextClassifier(backbone,
+num_classes, preprocessor=preprocessor)` takes raw strings in `fit`,
+`evaluate` and `predict`: its `PipelineModel` base maps
+`preprocess_samples` over the batches of the input pipeline, and the model
+itself only ever sees token ids. The private model keeps that contract: when
+the wrapped model has `preprocess_samples`, `PreprocessingMixin` maps it over
+the data the same way (in `tf.data`, batch by batch, outside the train
+step), so the per-example gradients are those of the preprocessed examples.
+
+That is exact for DP as long as preprocessing treats each example on its own
+(a tokenizer padding or cutting every example to a fixed length does); the
+noise, clipping and accounting are unchanged. Poisson batches from
+`tf_dpadam.data.poisson_batches` work on raw strings: their padding rows are
+empty strings of sample weight 0, which contribute nothing.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# What `fit` and friends accept as data for a model with a preprocessor.
+SUPPORTED_INPUTS = (
+    "NumPy arrays, lists or tensors (with `y`, `sample_weight` and"
+    " `batch_size`), or a `tf.data.Dataset` of raw batches (for DP, e.g."
+    " `tf_dpadam.data.poisson_batches(...).dataset`)"
+)
+
+
+def preprocessor_of(model):
+    """The `preprocess_samples` of a keras-hub task model, else None."""
+    preprocess = getattr(model, "preprocess_samples", None)
+    if preprocess is None or getattr(model, "preprocessor", None) is None:
+        return None
+    return preprocess
+
+
+def _preprocess_element(preprocess, *element):
+    """`preprocess(x, y, sample_weight)` on one batch of a dataset."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(element)
+    return preprocess(x, y, sample_weight)
+
+
+def map_preprocessing(dataset, preprocess):
+    """`dataset`'s batches, preprocessed in parallel, with prefetching."""
+    return dataset.map(
+        lambda *element: _preprocess_element(preprocess, *element),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    ).prefetch(tf.data.AUTOTUNE)
+
+
+def _rows(x):
+    """`x` as something `tf.data.Dataset.from_tensor_slices` slices by row:
+    a list of strings becomes one string tensor, not one leaf per string."""
+    if isinstance(x, list):
+        return np.asarray(x)
+    if isinstance(x, dict):
+        return {key: _rows(value) for key, value in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_rows(value) for value in x)
+    return x
+
+
+def _split(values, start, end):
+    return tf.nest.map_structure(
+        lambda v: None if v is None else v[start:end], values)
+
+
+def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
+            argument="x"):
+    """`(x, y, sample_weight)` as a dataset of batches of raw examples.
+
+    A `tf.data.Dataset` passes through unchanged (then `y`, `sample_weight`
+    and `batch_size` must be None, as in Keras). Arrays are batched by
+    `batch_size` (default 32), reshuffled at every pass when `shuffle`, the
+    way `keras.Model.fit` treats arrays.
+
+    Raises:
+        ValueError: for inputs that cannot be preprocessed in `tf.data`
+            (Python generators, `keras.utils.PyDataset`), naming `argument`.
+    """
+    if isinstance(x, tf.data.Dataset):
+        for name, value in (("y", y), ("sample_weight", sample_weight),
+                            ("batch_size", batch_size)):
+            if value is not None:
+                raise ValueError(
+                    f"When {argument} is a tf.data.Dataset, expected"
+                    f" {name}=None (the dataset yields its batches); got"
+                    f" {name}={value!r}."
+                )
+        return x
+    if x is None or isinstance(x, keras.utils.PyDataset) or (
+            hasattr(x, "__next__")):
+        raise ValueError(
+            f"A private model with a keras-hub preprocessor preprocesses its"
+            f" data in tf.data; expected {argument} to be {SUPPORTED_INPUTS},"
+            f" got {type(x).__name__}. Or preprocess the data yourself"
+            " (`model.preprocessor(x, y)` in your pipeline) and pass the"
+            " token ids."
+        )
+    data = keras.utils.pack_x_y_sample_weight(
+        _rows(x), _rows(y), _rows(sample_weight))
+    dataset = tf.data.Dataset.from_tensor_slices(data)
+    if shuffle:
+        dataset = dataset.shuffle(int(dataset.cardinality()),
+                                  reshuffle_each_iteration=True)
+    return dataset.batch(batch_size or 32)
+
+
+class PreprocessingMixin:
+    """`fit`, `evaluate` and `predict` that apply a task's preprocessor.
+
+    Mixed into `PrivateModel` (whose wrapped model is `self.base_model`).
+    For a wrapped model without a preprocessor, every method is Keras' own.
+    """
+
+    def _preprocessor(self):
+        return preprocessor_of(self.base_model)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1,
+            sample_weight=None, validation_split=0.0, validation_data=None,
+            shuffle=True, **kwargs):
+        preprocess = self._preprocessor()
+        if preprocess is None:
+            return super().fit(
+                x, y, batch_size=batch_size, epochs=epochs,
+                sample_weight=sample_weight,
+                validation_split=validation_split,
+                validation_data=validation_data, shuffle=shuffle, **kwargs)
+        if validation_split:
+            if validation_data is not None or isinstance(x, tf.data.Dataset):
+                raise ValueError(
+                    "validation_split needs arrays and no validation_data;"
+                    f" got validation_split={validation_split!r} with"
+                    f" {'validation_data' if validation_data is not None else 'a dataset'}."
+                )
+            rows = len(tf.nest.flatten(_rows(x))[0])
+            cut = int(rows * (1.0 - validation_split))
+            data = (_rows(x), _rows(y), _rows(sample_weight))
+            validation_data = _split(data, cut, rows)
+            x, y, sample_weight = _split(data, 0, cut)
+        train = map_preprocessing(
+            batched(x, y, sample_weight, batch_size, shuffle=shuffle),
+            preprocess)
+        if validation_data is not None:
+            if not isinstance(validation_data, tf.data.Dataset):
+                validation_data = batched(
+                    *keras.utils.unpack_x_y_sample_weight(
+                        tuple(validation_data)),
+                    batch_size=kwargs.get("validation_batch_size")
+                    or batch_size, argument="validation_data")
+            validation_data = map_preprocessing(validation_data, preprocess)
+        kwargs.pop("validation_batch_size", None)
+        # Shuffled above (arrays) or by the dataset's maker.
+        return super().fit(train, epochs=epochs,
+                           validation_data=validation_data, shuffle=False,
+                           **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None,
+                 **kwargs):
+        preprocess = self._preprocessor()
+        if preprocess is None or kwargs.get("_use_cached_eval_dataset"):
+            # Keras' fit evaluates on the (already preprocessed) data it
+            # was given through this flag.
+            return super().evaluate(x, y, batch_size=batch_size,
+                                    sample_weight=sample_weight, **kwargs)
+        data = map_preprocessing(
+            batched(x, y, sample_weight, batch_size), preprocess)
+        return super().evaluate(data, **kwargs)
+
+    def predict(self, x, batch_size=None, **kwargs):
+        preprocess = self._preprocessor()
+        if preprocess is None:
+            return super().predict(x, batch_size=batch_size, **kwargs)
+        data = map_preprocessing(batched(x, batch_size=batch_size),
+                                 preprocess)
+        return super().predict(data, **kwargs)
+
+    def _preprocessed_batch(self, x, y=None, sample_weight=None):
+        preprocess = self._preprocessor()
+        if preprocess is None:
+            return x, y, sample_weight
+        return keras.utils.unpack_x_y_sample_weight(
+            preprocess(_rows(x), _rows(y), _rows(sample_weight)))
+
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        x, y, sample_weight = self._preprocessed_batch(x, y, sample_weight)
+        return super().train_on_batch(x, y, sample_weight=sample_weight,
+                                      **kwargs)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        x, y, sample_weight = self._preprocessed_batch(x, y, sample_weight)
+        return super().test_on_batch(x, y, sample_weight=sample_weight,
+                                     **kwargs)
+
+    def predict_on_batch(self, x):
+        x, _, _ = self._preprocessed_batch(x)
+        return super().predict_on_batch(x)
