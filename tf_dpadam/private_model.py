@@ -16,6 +16,7 @@ from keras import ops
 from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
 from tf_dpadam import keras_internals
+from tf_dpadam import lora_state
 from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import pipeline
 from tf_dpadam import privatizer
@@ -153,6 +154,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             raise ValueError("Expected base_model not to be private already.")
         check_no_example_mixing(base_model)
         self.base_model = base_model
+        # LoRA factors are saved unmerged and restored after the layers.
+        self._lora_factors = lora_state.LoraFactors(base_model)
         # The noise key: secret unless `seed` is given (a warning says so).
         key = privatizer.resolve_seed(
             seed, what="make_private", drawn="every noise vector",
@@ -410,6 +413,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             "diagnostics": self.diagnostics,
             "secure_mode": self.secure_mode,
             "base_model": keras.saving.serialize_keras_object(self.base_model),
+            "lora": lora_state.lora_config(self.base_model),
         }
 
     @classmethod
@@ -418,6 +422,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         base_model = keras.saving.deserialize_keras_object(
             config.pop("base_model"), custom_objects=custom_objects
         )
+        lora_state.restore_lora(base_model, config.pop("lora", None))
         return cls(base_model, **config)
 
 

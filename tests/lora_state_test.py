@@ -1,0 +1,120 @@
+"""LoRA training survives saving and resuming a private model.
+
+Keras saves a LoRA layer with its update merged into the kernel and loads it
+with both factors zero, after which LoRA cannot train (both factors'
+gradients are zero). A private model saves the factors unmerged and restores
+them, LoRA itself and the frozen flags: a resumed run equals an
+uninterrupted one.
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+from absl.testing import absltest
+
+import tf_dpadam
+
+import helpers
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+_LENGTH = 6
+_BATCH = 8
+
+
+def _lora_bert(seed=0):
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=_LENGTH, dropout=0.0)
+    backbone.enable_lora(2)
+    names = ("token_ids", "segment_ids", "padding_mask")
+    inputs = {n: keras.Input((_LENGTH,), dtype="int32", name=n)
+              for n in names}
+    pooled = backbone(inputs)["sequence_output"][:, 0]
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(pooled))
+
+
+def _lora_mlp(seed=0):
+    model = helpers.mlp(seed=seed)
+    model.layers[0].enable_lora(2)
+    return model
+
+
+def _data(seed=0):
+    rng = helpers.rng(seed)
+    x = {"token_ids": rng.integers(1, 30, size=(_BATCH, _LENGTH)),
+         "segment_ids": np.zeros((_BATCH, _LENGTH), "int32"),
+         "padding_mask": np.ones((_BATCH, _LENGTH), "int32")}
+    return x, rng.integers(0, 2, size=_BATCH)
+
+
+def _compiled(model):
+    private = tf_dpadam.make_private(model)
+    private.compile(optimizer=tf_dpadam.DPAdamCorrected(
+        l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=0.05,
+        batch_size=_BATCH), loss=_LOSS)
+    return private
+
+
+def _trainable(private):
+    """The indices of the trainable weights among all weights."""
+    return [i for i, v in enumerate(private.base_model.weights)
+            if v.trainable]
+
+
+def _values(model):
+    return [v.numpy() for v in model.weights]
+
+
+class LoraStateTest(absltest.TestCase):
+
+    def _assert_same(self, got, want):
+        self.assertEqual(len(got), len(want))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+    def test_resume_from_saved_model_equals_uninterrupted(self):
+        for build, data in ((_lora_bert, _data()),
+                            (_lora_mlp, helpers.classification_data(
+                                _BATCH, classes=2))):
+            with self.subTest(build.__name__):
+                x, y = data
+                private = _compiled(build())
+                trainable = _trainable(private)
+                self.assertTrue(any("lora_kernel_a" in v.path
+                                    for v in private.trainable_variables))
+                private.train_on_batch(x, y)
+                path = os.path.join(tempfile.mkdtemp(), "lora.keras")
+                private.save(path)
+
+                loaded = keras.saving.load_model(path)
+                # The raw kernels and both factors, not the merged kernel.
+                self._assert_same(_values(loaded.base_model),
+                                  _values(private.base_model))
+                self.assertEqual(_trainable(loaded), trainable)
+                # One more step from each: the same weights.
+                private.train_on_batch(x, y)
+                loaded.train_on_batch(x, y)
+                for a, b in zip(_values(loaded.base_model),
+                                _values(private.base_model)):
+                    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+    def test_weights_file_restores_factors(self):
+        x, y = _data()
+        private = _compiled(_lora_bert())
+        private.train_on_batch(x, y)
+        path = os.path.join(tempfile.mkdtemp(), "lora.weights.h5")
+        private.save_weights(path)
+        other = _compiled(_lora_bert(seed=1))
+        other.train_on_batch(x, y)  # Builds the optimizer's variables.
+        other.load_weights(path)
+        self._assert_same(_values(other.base_model),
+                          _values(private.base_model))
+
+
+if __name__ == "__main__":
+    absltest.main()
