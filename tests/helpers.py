@@ -259,3 +259,18 @@ def hand_made_snapshot():
         step=3, phi=0.5, gamma=0.01, noise_phi=0.5, beta_1=0.9, beta_2=0.999,
         m_clean=m, v_clean=v, m_private=m.copy(), v_private=v + 0.5,
     )
+
+
+def write_sst2_tsv(train=48, dev=16):
+    """A folder of SST-2-like train.tsv and dev.tsv (random 5-word
+    sentences of a tiny vocabulary, label 1 when "good" is in it)."""
+    folder = tempfile.mkdtemp()
+    generator = np.random.default_rng(0)
+    words = ["good", "bad", "movie", "the", "a", "great", "awful"]
+    for name, n in (("train.tsv", train), ("dev.tsv", dev)):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("sentence\tlabel\n")
+            for _ in range(n):
+                sentence = " ".join(generator.choice(words, size=5))
+                f.write(f"{sentence}\t{int('good' in sentence)}\n")
+    return folder

@@ -130,10 +130,12 @@ class PreprocessingMixin:
                 validation_data=validation_data, shuffle=shuffle, **kwargs)
         if validation_split:
             if validation_data is not None or isinstance(x, tf.data.Dataset):
+                given = ("validation_data" if validation_data is not None
+                         else "a dataset")
                 raise ValueError(
                     "validation_split needs arrays and no validation_data;"
                     f" got validation_split={validation_split!r} with"
-                    f" {'validation_data' if validation_data is not None else 'a dataset'}."
+                    f" {given}."
                 )
             rows = len(tf.nest.flatten(_rows(x))[0])
             cut = int(rows * (1.0 - validation_split))
