@@ -31,7 +31,29 @@ TASKS = {
         "model": "BERT classifier, last block re-initialized and trained "
                  "with a new head (examples.models.make_text_classifier)",
     },
+    # Fine-tuning the whole pretrained BERT (examples.finetune), beside the
+    # paper's last-block setting.
+    "sst2_lora": {
+        "kind": "text", "dataset": "sst2_tsv", "name": "SST-2 (LoRA)",
+        "paper_dataset": "SNLI", "finetune": "lora",
+        "model": "BERT classifier, pretrained backbone frozen, LoRA factors"
+                 " on every attention projection (query, key, value,"
+                 " output) of every block trained with a new head"
+                 " (examples.finetune)",
+    },
+    "sst2_full": {
+        "kind": "text", "dataset": "sst2_tsv",
+        "name": "SST-2 (full fine-tuning)",
+        "paper_dataset": "SNLI", "finetune": "full",
+        "model": "BERT classifier, every pretrained weight and a new head"
+                 " trained (examples.finetune)",
+    },
 }
+
+
+def finetune_of(task):
+    """What the text task trains (`examples.finetune` modes)."""
+    return TASKS[task].get("finetune", "last_block")
 
 
 # Default grids (powers of 10 around the paper's picks). Gammas: None is the
@@ -198,20 +220,24 @@ def run_phase(plan, train_fn, phase, *, command, machine):
 
 
 def data_spec(task, *, max_examples=None, max_test_examples=None,
-              preset=None, sequence_length=None, cache_frozen=True):
+              preset=None, sequence_length=None, cache_frozen=True,
+              lora_rank=None):
     """What identifies the data of a run (saved with it)."""
     spec = {"task": task, "dataset": TASKS[task]["dataset"],
             "max_examples": max_examples}
     if TASKS[task]["kind"] == "text":
+        finetune = finetune_of(task)
         spec.update(max_test_examples=max_test_examples, preset=preset,
                     sequence_length=sequence_length,
-                    cache_frozen=cache_frozen)
+                    cache_frozen=cache_frozen and finetune == "last_block")
+        if finetune == "lora":
+            spec.update(lora_rank=lora_rank)
     return spec
 
 
 def make_train_fn(task, *, data_dir=None, max_examples=None,
                   max_test_examples=None, preset=None, sequence_length=128,
-                  cache_frozen=True):
+                  cache_frozen=True, lora_rank=None):
     """config -> results of one run of `task` (imports the binary it uses).
 
     For sst2 with `cache_frozen`, the frozen features are computed once and
@@ -226,14 +252,17 @@ def make_train_fn(task, *, data_dir=None, max_examples=None,
 
         return lambda config: train_image.run(
             "fashion_mnist", data_dir, config, max_examples=max_examples)
-    if task == "sst2":
+    if TASKS.get(task, {}).get("kind") == "text":
         from examples import train_text
 
         feature_cache = {}
+        finetune = {"finetune": finetune_of(task)}
+        if lora_rank is not None:
+            finetune.update(lora_rank=lora_rank)
         return lambda config: train_text.run(
             "sst2_tsv", data_dir or DEFAULT_SST2_DIR, preset,
             sequence_length, config, max_examples=max_examples,
             max_test_examples=max_test_examples, cache_frozen=cache_frozen,
-            feature_cache=feature_cache)
+            feature_cache=feature_cache, **finetune)
     raise ValueError(f"Unknown task {task!r}.")
 

@@ -2,6 +2,7 @@
 
     python -m examples.reproduce --task=fashion_mnist
     python -m examples.reproduce --task=sst2 --noise_multiplier=0.5
+    python -m examples.reproduce --task=sst2_lora --sequence_length=32
 
 Tang & Lecuyer compare the three optimizers on CIFAR-10 (a CNN) and SNLI
 (BERT, last block fine-tuned) at epsilon = 7. This binary runs the same
@@ -56,7 +57,9 @@ def define_flags():
     flags.DEFINE_enum("task", "fashion_mnist", list(experiments.TASKS),
                       "fashion_mnist: the CNN on Fashion-MNIST (the paper's "
                       "CIFAR-10 experiment); sst2: BERT on SST-2 (its SNLI "
-                      "experiment).")
+                      "experiment: last block and head); sst2_lora,"
+                      " sst2_full: the same data, LoRA or full fine-tuning"
+                      " of the pretrained BERT (examples.finetune).")
     flags.DEFINE_enum("phase", "all", ["tune", "seeds", "all", "report"],
                       "tune: the grid at the first seed; seeds: the best "
                       "setting with every seed; report: only write the "
@@ -81,6 +84,8 @@ def define_flags():
     flags.DEFINE_bool("cache_frozen", True,
                       "sst2: compute the frozen BERT part once and train the "
                       "top on its outputs (see examples.train_text).")
+    flags.DEFINE_integer("lora_rank", 8,
+                         "sst2_lora: rank of the LoRA factors.")
     flags.DEFINE_list("seeds", ["0", "1", "2"],
                       "Seeds of the final runs; tuning uses the first. A "
                       "run's seed also keys its DP noise and sampling "
@@ -107,7 +112,7 @@ def define_flags():
         shared_flags.check_list_flag(name, shared_flags.check_gamma)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
-    for name in ("sequence_length", "max_test_examples"):
+    for name in ("sequence_length", "max_test_examples", "lora_rank"):
         shared_flags.check_flag(name, validation.check_positive_int)
 
 
@@ -138,6 +143,8 @@ def main(argv):
     task = FLAGS.task
     dataset = experiments.TASKS[task]["dataset"]
     paper_gamma = common.PAPER_DEFAULTS[dataset]["epsilon"]
+    lora_rank = (FLAGS.lora_rank
+                 if experiments.finetune_of(task) == "lora" else None)
     try:
         base = shared_flags.base_config_from_flags(dataset)
         learning_rates = {
@@ -161,7 +168,7 @@ def main(argv):
             task, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
-            cache_frozen=FLAGS.cache_frozen)
+            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank)
         plan = experiments.make_plan(
             task, base=base, learning_rates=learning_rates, gammas=gammas,
             seeds=FLAGS.seeds,
@@ -172,7 +179,7 @@ def main(argv):
             task, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
-            cache_frozen=FLAGS.cache_frozen)
+            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     output_dir = FLAGS.output_dir or os.path.join(experiments.ROOT, "docs")

@@ -29,6 +29,8 @@ def describe_data(data, records):
         backbone = data.get("preset") or "all-MiniLM-L6-v2 (offline)"
         text += (f"; {data.get('sequence_length')} tokens per example; "
                  f"backbone {backbone}")
+        if data.get("lora_rank"):
+            text += f"; LoRA rank {data['lora_rank']}"
         if data.get("cache_frozen"):
             text += ("; the frozen embeddings and lower blocks ran once "
                      "(inference mode, so without their dropout) and the "

@@ -4,6 +4,7 @@
 import math
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -80,6 +81,27 @@ class GridTest(absltest.TestCase):
                           "max_examples": None, "max_test_examples": None,
                           "preset": None, "sequence_length": 32,
                           "cache_frozen": True})
+        # LoRA and full fine-tuning: no frozen-feature cache; the rank is
+        # part of the data spec, so runs of another rank are not mixed in.
+        self.assertEqual(
+            experiments.data_spec("sst2_lora", sequence_length=32,
+                                  lora_rank=4),
+            {"task": "sst2_lora", "dataset": "sst2_tsv", "max_examples": None,
+             "max_test_examples": None, "preset": None, "sequence_length": 32,
+             "cache_frozen": False, "lora_rank": 4})
+        self.assertNotIn("lora_rank", experiments.data_spec("sst2_full"))
+        from examples import train_text
+        for task, expected in (("sst2", {"finetune": "last_block"}),
+                               ("sst2_lora", {"finetune": "lora",
+                                              "lora_rank": 4}),
+                               ("sst2_full", {"finetune": "full"})):
+            with mock.patch.object(train_text, "run") as run:
+                experiments.make_train_fn(
+                    task, sequence_length=32,
+                    lora_rank=expected.get("lora_rank"))("config")
+            self.assertEqual(run.call_args.args[4], "config")
+            for key, value in expected.items():
+                self.assertEqual(run.call_args.kwargs[key], value, task)
         with self.assertRaisesRegex(ValueError, "sst2 only"):
             experiments.make_train_fn("fashion_mnist", max_test_examples=5)
         with self.assertRaisesRegex(ValueError, "Unknown task"):

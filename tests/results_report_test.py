@@ -58,15 +58,20 @@ class RecordedRunsTest(absltest.TestCase):
 
     def test_results_md_from_the_recorded_task_summaries(self):
         docs = os.path.join(_ROOT, "docs")
+        # The tasks with recorded results (the fine-tuning ones may have
+        # none yet), as write_index reads them.
+        recorded = [t for t in experiments.TASKS if os.path.exists(
+            os.path.join(docs, f"RESULTS_{t}.json"))]
+        self.assertGreaterEqual(len(recorded), 2)
         summaries = [runs.read_json(os.path.join(docs, f"RESULTS_{t}.json"))
-                     for t in experiments.TASKS]
+                     for t in recorded]
         self.assertEqual(results_report.render_index(summaries),
                          _read(os.path.join(docs, "RESULTS.md")))
         output_dir = tempfile.mkdtemp()
-        for task in experiments.TASKS:
+        for task, summary in zip(recorded, summaries):
             with open(os.path.join(output_dir, f"RESULTS_{task}.json"),
                       "w", encoding="utf-8") as f:
-                json.dump(summaries.pop(0), f)
+                json.dump(summary, f)
         self.assertEqual(_read(results_report.write_index(output_dir)),
                          _read(os.path.join(docs, "RESULTS.md")))
 
