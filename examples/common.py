@@ -73,6 +73,13 @@ class TrainConfig:
     # The key of the DP noise and the Poisson sampling; None: a secret one,
     # drawn from the OS entropy at every run (and at every resume).
     noise_seed: int | None = None
+    # Decoupled weight decay (Keras' `weight_decay`: each step multiplies the
+    # weights by 1 - learning_rate * weight_decay); 0: none.
+    weight_decay: float = 0.0
+    # Evaluate and return the exponential moving average of the weights
+    # (Keras' `use_ema`, with this momentum); training runs on the raw ones.
+    ema: bool = False
+    ema_momentum: float = 0.999
 
 
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
@@ -120,6 +127,9 @@ def make_optimizer(config, accumulation_steps=1):
         gradient_accumulation_steps=(
             accumulation_steps if accumulation_steps > 1 else None
         ),
+        weight_decay=config.weight_decay or None,
+        use_ema=config.ema,
+        ema_momentum=config.ema_momentum,
     )
     if config.optimizer == "dpsgd":
         return tf_dpadam.DPSGD(momentum=config.momentum, **common)

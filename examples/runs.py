@@ -120,10 +120,14 @@ def check_run_dir(model_dir, config, data):
             saved = dict(source["config"])
             saved.pop("model_dir", None)
             # Runs from before --noise_seed keyed their noise and sampling
-            # with the seed.
+            # with the seed; runs from before a later field (weight_decay,
+            # ema, ...) had its default.
             saved.setdefault("noise_seed", saved.get("seed"))
+            for field in dataclasses.fields(config):
+                if field.default is not dataclasses.MISSING:
+                    saved.setdefault(field.name, field.default)
             if saved != wanted:
-                diff = sorted(k for k in saved
+                diff = sorted(k for k in saved.keys() | wanted.keys()
                               if saved.get(k) != wanted.get(k))
                 raise ValueError(
                     f"{model_dir} holds a run with other hyperparameters "

@@ -7,9 +7,10 @@ B and the run's length mean the same everywhere:
 - `define_dp_flags`: C, sigma, B, the physical batch, the epsilon target or
   epochs, delta, the evaluation interval, a training subset and XLA (all
   binaries; None: the paper's value for the dataset).
-- `define_training_flags`: those and the optimizer's own flags, for the
-  binaries that train one run (`train_image`, `train_text`, `diagnostics`);
-  `config_from_flags` turns them into a `common.TrainConfig`.
+- `define_training_flags`: those and the optimizer's own flags (weight
+  decay and parameter averaging too), for the binaries that train one run
+  (`train_image`, `train_text`, `diagnostics`); `config_from_flags` turns
+  them into a `common.TrainConfig`.
 
 Only `config_from_flags` reads absl's FLAGS; the other helpers take values.
 
@@ -249,6 +250,25 @@ def define_training_flags():
     flags.DEFINE_float("beta_1", 0.9, "Adam's beta_1, in [0, 1).")
     flags.DEFINE_float("beta_2", 0.999, "Adam's beta_2, in [0, 1).")
     flags.DEFINE_float("momentum", 0.0, "DP-SGD momentum, >= 0.")
+    flags.DEFINE_float("weight_decay", 0.0,
+                       "Decoupled weight decay, >= 0 (0: none), applied by "
+                       "the optimizer as in Keras / AdamW: each step first "
+                       "multiplies every trainable weight by 1 - "
+                       "learning_rate * weight_decay (so it scales with the "
+                       "learning rate). Uses no data: free in privacy.")
+    flags.DEFINE_bool("ema", False,
+                      "Keep an exponential moving average of the weights "
+                      "(Keras' use_ema): train on the raw weights, evaluate "
+                      "(curve and final test accuracy) and return the "
+                      "average; model_dir/checkpoint.keras keeps both. "
+                      "Post-processing of the private weights: free in "
+                      "privacy.")
+    flags.DEFINE_float("ema_momentum", 0.999,
+                       "The average's momentum m, in (0, 1): average = m * "
+                       "average + (1 - m) * weights after each step, starting "
+                       "from the first step's weights, which still weigh "
+                       "m^(T-1) after T steps (0.999: 49% after 719 steps; "
+                       "pick 1 / (1 - m) well below the steps).")
     define_dp_flags(eval_every=100)
     flags.DEFINE_string("model_dir", None,
                         "Checkpoints and metrics.json; a rerun resumes.")
@@ -271,6 +291,8 @@ def define_training_flags():
     check_flag("beta_1", validation.check_beta)
     check_flag("beta_2", validation.check_beta)
     check_flag("momentum", validation.check_non_negative)
+    check_flag("weight_decay", validation.check_non_negative)
+    check_flag("ema_momentum", _check_probability)
     check_flag("seed", check_seed)
     check_flag("noise_seed", check_seed)
 
@@ -304,6 +326,12 @@ def config_from_flags(task, flag_values=None):
     target = f.target_epsilon or None
     if target is None and f.epochs is None:
         raise ValueError("Give --target_epsilon > 0 or --epochs.")
+    learning_rate = pick(f.learning_rate, defaults["learning_rate"][name])
+    if learning_rate * f.weight_decay >= 1:
+        raise ValueError(
+            f"Expected --weight_decay={f.weight_decay:g} times the learning"
+            f" rate {learning_rate:g} < 1 (each step multiplies the weights"
+            " by 1 - their product).")
     return common.TrainConfig(
         optimizer=name,
         l2_norm_clip=pick(f.l2_norm_clip, defaults["l2_norm_clip"]),
@@ -311,7 +339,7 @@ def config_from_flags(task, flag_values=None):
                               defaults["noise_multiplier"]),
         batch_size=pick(f.batch_size, defaults["batch_size"]),
         physical_batch_size=f.physical_batch_size,
-        learning_rate=pick(f.learning_rate, defaults["learning_rate"][name]),
+        learning_rate=learning_rate,
         epsilon=epsilon,
         phi=f.phi,
         beta_1=f.beta_1,
@@ -325,6 +353,9 @@ def config_from_flags(task, flag_values=None):
         seed=f.seed,
         jit_compile=f.jit_compile,
         noise_seed=f.noise_seed,
+        weight_decay=f.weight_decay,
+        ema=f.ema,
+        ema_momentum=f.ema_momentum,
     )
 
 

@@ -36,6 +36,10 @@ def define_flags():
                         " its name (in --data_dir) or its folder. Only the"
                         " sampled records are read (data larger than memory);"
                         " replaces --dataset.")
+    flags.DEFINE_enum("normalization", "none", list(models.NORMALIZATIONS),
+                      "none: the paper's CNN; group: weight-standardized"
+                      " convs with GroupNormalization (per example, exact"
+                      " per-example clipping; De et al. 2022).")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
 
@@ -44,12 +48,14 @@ FLAGS = flags.FLAGS
 
 
 def run(dataset, data_dir, config, max_examples=None, *,
-        max_test_examples=None, data_source=None, **kwargs):
+        max_test_examples=None, data_source=None, normalization="none",
+        **kwargs):
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
     all); with `data_source` (`datasets.image_data_source`) the training set
-    is read by random access instead (all of it); `kwargs` go to
-    `fit_private` (`callbacks`, `max_steps`)."""
+    is read by random access instead (all of it); `normalization` is
+    `models.make_cnn`'s; `kwargs` go to `fit_private` (`callbacks`,
+    `max_steps`)."""
     if data_source:
         train, (x_test, y_test), num_classes = datasets.image_data_source(
             data_source, data_dir)
@@ -64,7 +70,7 @@ def run(dataset, data_dir, config, max_examples=None, *,
     if max_test_examples:
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
     return training.fit_private(
-        lambda: models.make_cnn(input_shape, num_classes),
+        lambda: models.make_cnn(input_shape, num_classes, normalization),
         train,
         (x_test, y_test),
         config,
@@ -86,6 +92,7 @@ def main(argv):
                       caps.examples(FLAGS.max_examples),
                       max_test_examples=caps.max_test_examples,
                       data_source=FLAGS.data_source,
+                      normalization=FLAGS.normalization,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

@@ -9,6 +9,13 @@ Keras shows a live progress bar with epsilon on a terminal and one line per
 evaluation interval (a Keras epoch of `eval_every` steps) in a log; the last
 interval is as long as the steps left (`fit_segments`), so its line counts
 the steps that ran.
+
+With `config.ema` the optimizer keeps a moving average of the weights
+(Keras' `use_ema`). Training always runs on the raw weights, over any number
+of `fit` calls and resumes (`AveragedEvaluation` undoes Keras' end-of-fit
+overwrite); the evaluations (the curve's val_* metrics, the final test
+metrics) and the returned model use the average; the checkpoint keeps the raw
+weights, with the average in the optimizer's state.
 """
 
 import dataclasses
@@ -159,6 +166,64 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class AveragedEvaluation(keras.callbacks.Callback):
+    """Trains on the raw weights, evaluates on the optimizer's average.
+
+    For an optimizer with `use_ema`. Keras' `fit` ends by overwriting the
+    model's weights with their average (`finalize_variable_values`); over
+    several `fit` calls (segments, resumes) the training would go on from
+    the average. This callback keeps a copy of the raw weights at every
+    epoch's end and puts it back when `fit` ends, and puts the average in
+    for each evaluation (`on_test_begin`, e.g. fit's validation) and the raw
+    weights back after it. Both are exact copies, held in host memory
+    (Keras' `SwapEMAWeights` swaps by arithmetic, which rounds the raw
+    weights).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._raw = None
+
+    def _keep_raw(self):
+        self._raw = [keras.ops.convert_to_numpy(v)
+                     for v in self.model.trainable_weights]
+
+    def _restore_raw(self):
+        for variable, value in zip(self.model.trainable_weights, self._raw):
+            variable.assign(value)
+
+    def on_train_begin(self, logs=None):
+        self._keep_raw()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._keep_raw()
+
+    def on_train_end(self, logs=None):
+        self._restore_raw()
+
+    def on_test_begin(self, logs=None):
+        self._keep_raw()
+        self.model.optimizer.finalize_variable_values(
+            self.model.trainable_weights)
+
+    def on_test_end(self, logs=None):
+        self._restore_raw()
+
+
+def _check_averaging(optimizer, config):
+    """Raises `SettingsError` if a checkpoint's `optimizer` decays or
+    averages the weights otherwise than `config` says."""
+    saved = (optimizer.weight_decay or 0.0, optimizer.use_ema,
+             optimizer.ema_momentum if optimizer.use_ema else None)
+    wanted = (config.weight_decay, config.ema,
+              config.ema_momentum if config.ema else None)
+    if saved != wanted:
+        raise SettingsError(
+            "The checkpoint in --model_dir was trained with (weight_decay,"
+            f" ema, ema_momentum) = {saved}, not {wanted}; use another"
+            " --model_dir.")
+
+
 def compile_private(model, config, loss, accumulation_steps):
     """Compiles a private model with `config`'s optimizer and accuracy.
 
@@ -221,13 +286,17 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         verbose: Keras' verbosity (None: `progress_verbosity()`).
 
     Returns:
-        `(model, batches, results)`: the trained private model, the
-        `tf_dpadam.data.poisson_batches` it trained on, and a dict of
-        results (config, steps, epsilon, test metrics, wall time, curve).
+        `(model, batches, results)`: the trained private model (with
+        `config.ema`, holding the averaged weights, on which the test
+        metrics and the curve's val_* metrics were measured; the checkpoint
+        keeps the raw ones), the `tf_dpadam.data.poisson_batches` it
+        trained on, and a dict of results (config, steps, epsilon, test
+        metrics, wall time, curve).
 
     Raises:
         SettingsError: if the config cannot train on `train` (before any
-            model is built).
+            model is built), or a checkpoint in its model_dir decays or
+            averages the weights otherwise.
     """
     keras.utils.set_random_seed(config.seed)
     try:
@@ -242,6 +311,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
                                        diagnostics=diagnostics)
         compile_private(model, config, loss, k)
+    else:
+        _check_averaging(model.optimizer, config)
     done = int(model.optimizer.iterations.numpy())
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
@@ -250,6 +321,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     )
     step_log = StepLog()
     callbacks = [budget, step_log, *callbacks]
+    if config.ema:
+        callbacks.insert(0, AveragedEvaluation())
     if checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
     start = time.time()
@@ -269,6 +342,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         if model.stop_training:
             break  # A callback stopped training (e.g. StopAtStep).
     wall = time.time() - start
+    # With config.ema: the average in the model, as Keras' fit leaves it.
+    model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
     steps_done = int(model.optimizer.iterations.numpy())
     results = {
@@ -295,7 +370,8 @@ def fit_private(model_fn, train, test, config, loss, on_trained=None,
     Args:
         model_fn, train, test, config, loss: as for `train_private`.
         on_trained: optional `f(model)` called with the trained private
-            model (the checkpoint's, after a resume) before returning.
+            model (the checkpoint's, after a resume; with `config.ema`
+            holding the averaged weights) before returning.
         **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`.
     """
     model, _, results = train_private(model_fn, train, test, config, loss,

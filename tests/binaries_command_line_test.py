@@ -39,6 +39,15 @@ USAGE_ERRORS = [
     ("examples.train_image", ["--dataset=mnist"], "--dataset=mnist"),
     ("examples.train_image", ["--beta_2=1"], "--beta_2=1.0"),
     ("examples.train_image", ["stray"], "Unexpected arguments"),
+    ("examples.train_image", ["--weight_decay=-0.1"],
+     "--weight_decay=-0.1: Expected weight_decay=-0.1 to be a finite number"
+     " >= 0"),
+    ("examples.train_image", ["--optimizer=dpsgd", "--weight_decay=0.5"],
+     "Expected --weight_decay=0.5 times the learning rate 4 < 1"),
+    ("examples.train_image", ["--ema_momentum=1"],
+     "--ema_momentum=1.0: Expected ema_momentum=1.0 in (0, 1)"),
+    ("examples.train_image", ["--normalization=batch"],
+     "--normalization=batch"),
     # No network here: cifar10 is neither prepared in an empty folder nor
     # downloadable; the line names the offline alternatives.
     ("examples.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],
@@ -48,6 +57,7 @@ USAGE_ERRORS = [
     ("examples.train_text", [f"--data_dir={_EMPTY_DIR}"],
      "--data_dir: [Errno 2] No such file or directory"),
     ("examples.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
+    ("examples.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
     ("examples.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
      "--learning_rates_dpsgd=['0.1', 'fast']: Expected"
      " learning_rates_dpsgd='fast' to be a number"),

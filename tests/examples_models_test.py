@@ -15,9 +15,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import keras
 import numpy as np
+import tensorflow as tf
 
+import tf_dpadam
 from examples import datasets
 from examples import models
+from tf_dpadam import ghost_clipping
 
 SENTENCES = np.array(
     ["the movie was good", "a very boring film", "fun", "not great"], object
@@ -83,6 +86,89 @@ class CnnTest(parameterized.TestCase):
         x = np.random.default_rng(0).random((2,) + shape, np.float32)
         logits = model(x, training=True)
         self.assertEqual(tuple(logits.shape), (2, num_classes))
+
+
+class GroupNormalizedCnnTest(absltest.TestCase):
+    """make_cnn(normalization="group"): weight-standardized convs and
+    GroupNormalization, saved and loaded, clipped exactly."""
+
+    def test_layers_and_weight_standardization(self):
+        model = models.make_cnn((8, 8, 1), 3, normalization="group")
+        convs = [l for l in model.layers if isinstance(l, models.WSConv2D)]
+        norms = [l for l in model.layers
+                 if isinstance(l, keras.layers.GroupNormalization)]
+        self.assertEqual([c.filters for c in convs], [32, 64, 128, 256])
+        self.assertFalse(any(c.use_bias for c in convs))
+        self.assertEqual([n.groups for n in norms], [models.CNN_GROUPS] * 4)
+        self.assertNotIsInstance(model.layers[-2], models.WSConv2D)
+        self.assertFalse(has_batch_norm(model))
+        # Each output channel of the kernel the conv applies has mean 0
+        # and variance 1 (up to epsilon).
+        kernel = models.standardize_kernel(convs[1].kernel, 1e-5)
+        np.testing.assert_allclose(keras.ops.mean(kernel, (0, 1, 2)), 0,
+                                   atol=1e-6)
+        np.testing.assert_allclose(keras.ops.var(kernel, (0, 1, 2)), 1,
+                                   rtol=1e-2)
+        x = np.random.default_rng(0).random((2, 8, 8, 1), np.float32)
+        np.testing.assert_allclose(
+            convs[0](x), keras.ops.conv(
+                x, models.standardize_kernel(convs[0].kernel, 1e-5),
+                padding="same"), atol=1e-5)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "cnn.keras")
+            model.save(path)
+            loaded = keras.models.load_model(path)
+        self.assertIsInstance(loaded.layers[0], models.WSConv2D)
+        np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+        with self.assertRaisesRegex(ValueError, "normalization='batch'"):
+            models.make_cnn((8, 8, 1), 3, normalization="batch")
+
+    def test_private_step_is_brute_force_clipping(self):
+        # One noise-free DP-SGD step (learning rate 1) moves the weights by
+        # -(1/B) sum_j min(1, C / ||g_j||) g_j, g_j from a GradientTape on
+        # example j alone, with C the median norm: ghost clipping (whose
+        # fallback rule takes the standardized convs and the group norms)
+        # and the vectorized path.
+        keras.utils.set_random_seed(0)
+        model = models.make_cnn((8, 8, 1), 3, normalization="group")
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(6, 8, 8, 1)).astype("float32")
+        y = rng.integers(0, 3, size=6)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        variables = model.trainable_variables
+        before = [v.numpy().astype("float64") for v in variables]
+        grads = []
+        for j in range(len(x)):
+            with tf.GradientTape() as tape:
+                example_loss = loss(y[j:j + 1], model(x[j:j + 1],
+                                                      training=True))
+            grads.append([np.asarray(g, "float64")
+                          for g in tape.gradient(example_loss, variables)])
+        norms = np.sqrt([sum(np.sum(g * g) for g in example)
+                         for example in grads])
+        clip = float(np.median(norms)) * 1.0001
+        factors = np.minimum(1.0, clip / norms)
+        want = [-sum(f * example[i] for f, example in zip(factors, grads))
+                / len(x) for i in range(len(variables))]
+        described = ghost_clipping.describe(model)
+        for layer in model.layers[:2]:  # WSConv2D, GroupNormalization
+            self.assertTrue(described[layer.name].startswith("fallback"),
+                            described)
+        for clipping in ("auto", "vectorized"):
+            for variable, value in zip(variables, before):
+                variable.assign(value)
+            private = tf_dpadam.make_private(model, clipping=clipping)
+            private.compile(optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=clip, noise_multiplier=0.0, learning_rate=1.0,
+                batch_size=len(x)), loss=loss)
+            private.train_on_batch(x, y)
+            self.assertEqual(private.clipping_used,
+                             "ghost" if clipping == "auto" else clipping)
+            got = [v.numpy() - b for v, b in zip(variables, before)]
+            error = np.sqrt(sum(np.sum((g - w) ** 2)
+                                for g, w in zip(got, want)))
+            self.assertLess(error / np.sqrt(sum(np.sum(w * w) for w in want)),
+                            1e-5, clipping)
 
 
 class TinyBertClassifierTest(parameterized.TestCase):

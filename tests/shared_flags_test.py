@@ -8,6 +8,7 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 
+from examples import common
 from examples import shared_flags
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +49,30 @@ class DefaultsTest(absltest.TestCase):
         self.assertIn("anyone who knows it can remove the noise",
                       flags.FLAGS["noise_seed"].help)
 
+    def test_weight_decay_and_averaging_reach_the_optimizer(self):
+        config = shared_flags.config_from_flags("cifar10")
+        self.assertEqual((config.weight_decay, config.ema,
+                          config.ema_momentum), (0.0, False, 0.999))
+        optimizer = common.make_optimizer(config)
+        self.assertEqual((optimizer.weight_decay, optimizer.use_ema),
+                         (None, False))
+        for name in common.OPTIMIZERS:
+            with flagsaver.flagsaver(optimizer=name, weight_decay=0.01,
+                                     ema=True, ema_momentum=0.99):
+                config = shared_flags.config_from_flags("cifar10")
+            optimizer = common.make_optimizer(config)
+            self.assertEqual((optimizer.weight_decay, optimizer.use_ema,
+                              optimizer.ema_momentum), (0.01, True, 0.99))
+        # DP-SGD's learning rate 4 with a decay of 0.25 would zero the
+        # weights at every step.
+        with flagsaver.flagsaver(optimizer="dpsgd", weight_decay=0.25):
+            with self.assertRaisesRegex(ValueError, "--weight_decay=0.25"):
+                shared_flags.config_from_flags("cifar10")
+        self.assertIn("multiplies every trainable weight by 1 - "
+                      "learning_rate * weight_decay",
+                      flags.FLAGS["weight_decay"].help)
+        self.assertIn("free in privacy", flags.FLAGS["ema"].help)
+
     def test_epsilon_target_or_epochs(self):
         with flagsaver.flagsaver(target_epsilon=0.0):
             with self.assertRaisesRegex(ValueError, "--epochs"):
@@ -79,7 +104,9 @@ class HelpTest(absltest.TestCase):
             cwd=_ROOT, capture_output=True, text=True, timeout=300,
             check=False)
         for flag in ("--dataset", "--optimizer", "--noise_multiplier",
-                     "--target_epsilon", "--eval_every", "--noise_seed"):
+                     "--target_epsilon", "--eval_every", "--noise_seed",
+                     "--weight_decay", "--[no]ema", "--ema_momentum",
+                     "--normalization"):
             self.assertIn(flag, run.stdout)
 
 

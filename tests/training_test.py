@@ -147,6 +147,86 @@ def _tiny_model():
     return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
 
 
+class _RecordWeights(keras.callbacks.Callback):
+    """The trainable weights after every step (k = 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append(helpers.numpy_values(self.model.trainable_weights))
+
+
+class AveragingTest(absltest.TestCase):
+    """--ema and --weight_decay in the loop: training runs on the raw weights
+    over several fit calls and a resume; evaluation, the test metrics and
+    the returned model use the average; the checkpoint keeps both."""
+
+    def test_raw_trajectory_average_and_resume(self):
+        # B = N = 16: every example in every step (q = 1) and no noise, so
+        # the run is deterministic whatever the secret seeds; 5 steps
+        # evaluated every 2.
+        data = _tiny_data(16)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def train(max_steps=None, **overrides):
+            config = helpers.train_config(
+                optimizer="dpsgd", learning_rate=0.5, noise_multiplier=0.0,
+                batch_size=16, physical_batch_size=None, epochs=5.0,
+                weight_decay=0.1, ema_momentum=0.5, **overrides)
+            recorder = _RecordWeights()
+            model, _, results = training.train_private(
+                _tiny_model, data, data, config, loss, callbacks=[recorder],
+                max_steps=max_steps, verbose=0)
+            return model, results, recorder.steps
+
+        # Without averaging: the raw trajectory, and its average.
+        _, plain, raw = train()
+        average = [raw[0]]
+        for weights in raw[1:]:
+            average.append([0.5 * a + 0.5 * w
+                            for a, w in zip(average[-1], weights)])
+
+        # Averaged, stopped after 3 steps (fit calls of 2 and 1 steps),
+        # then resumed from the checkpoint for the last 2.
+        model_dir = tempfile.mkdtemp()
+        checkpoint = os.path.join(model_dir, "checkpoint.keras")
+        for steps in (3, 5):
+            model, results, trained = train(
+                max_steps=steps, ema=True, model_dir=model_dir)
+            # Each step trained the raw weights of the plain run ...
+            for got, want in zip(trained, raw[steps - len(trained):steps]):
+                _assert_all_close(got, want)
+            # ... and the model returned holds their average, ...
+            _assert_all_close(helpers.numpy_values(model.trainable_weights),
+                              average[steps - 1])
+            # ... which the test metrics and the last evaluation measured.
+            self.assertEqual(results["history"][-1]["step"], steps)
+            self.assertAlmostEqual(results["history"][-1]["val_loss"],
+                                   results["test_loss"], places=6)
+            # The checkpoint holds the raw weights (the average in the
+            # optimizer's state), for the resume.
+            saved = keras.models.load_model(checkpoint)
+            _assert_all_close(helpers.numpy_values(saved.trainable_weights),
+                              raw[steps - 1])
+        self.assertEqual([r["step"] for r in results["history"]],
+                         [2, 3, 4, 5])
+        self.assertNotAlmostEqual(results["test_loss"], plain["test_loss"])
+        optimizer = model.optimizer
+        self.assertEqual((optimizer.weight_decay, optimizer.use_ema,
+                          optimizer.ema_momentum), (0.1, True, 0.5))
+        self.assertEqual(results["config"]["ema"], True)
+        # A resume must average (and decay) as the checkpoint did.
+        with self.assertRaisesRegex(training.SettingsError, "ema"):
+            train(model_dir=model_dir)
+
+
+def _assert_all_close(got, want):
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 class NoiseSeedTest(absltest.TestCase):
     """--seed sets the model and data order; --noise_seed the noise and batches."""
 
