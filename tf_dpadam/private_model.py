@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import augmentation
 from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
 from tf_dpadam import keras_internals
@@ -123,7 +124,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
     def __init__(self, base_model, seed=None, clipping="auto",
-                 diagnostics=False, secure_mode=False, **kwargs):
+                 diagnostics=False, secure_mode=False, augment=None,
+                 augmult=1, **kwargs):
         super().__init__(**kwargs)
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
@@ -144,6 +146,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             raise ValueError(
                 f"Expected diagnostics={diagnostics!r} to be True or False."
             )
+        augmentation.check_arguments(augment, augmult)
         if diagnostics:
             warnings.warn(DIAGNOSTICS_WARNING, stacklevel=2)
         if not isinstance(base_model, keras.Model):
@@ -165,6 +168,10 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         self.secure_mode = secure_mode
         self.clipping = clipping
         self.diagnostics = diagnostics
+        # Training only (`augmentation.views`); a Keras layer is tracked, so
+        # that its state is saved with the model.
+        self.augment = augment
+        self.augmult = augmult
         self._clean_gradients = _Untracked(clean_gradients_lib.CleanGradients())
         # The method the last traced train step used, and why ghost clipping
         # was not ("auto" only): set at trace time, for users and tests.
@@ -225,7 +232,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         _require_dp_optimizer(optimizer)
         check_no_example_mixing(self.base_model)
         config = optimizer.dp_config
-        if not all(layer.built for layer in keras_internals.all_layers(self)):
+        if not all(layer.built
+                   for layer in keras_internals.all_layers(self.base_model)):
             # A model without `keras.Input` builds on its first call: make
             # that call here, on the first trace, so that its weights (and
             # the optimizer's) exist before the step reads them.
@@ -238,7 +246,15 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             optimizer.build(variables)
         if self.diagnostics:
             self._clean_gradients.value.build(variables)
+        # Examples, not views: K views of an example are one example.
         present = _present_examples(x, sample_weight)
+        if self.augment is not None or self.augmult > 1:
+            # K views per example, in consecutive rows (made once, outside
+            # the per-example gradients); y and the weights follow.
+            x = augmentation.views(self.augment, x, self.augmult)
+            y, sample_weight = augmentation.repeat_examples(
+                (y, sample_weight), self.augmult
+            )
 
         # Phases 1 and 2: per-example gradients, clipped and summed.
         summed, losses, y_pred = self._sum_of_clipped_gradients(
@@ -288,9 +304,13 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         else per-example gradients by a vectorized map. Both give the same
         sum up to float rounding (tests/privacy_zoo_test.py).
 
+        With augmentation multiplicity K, `x`, `y` and `sample_weight` hold
+        the K views of each example in consecutive rows and `present` is per
+        example.
+
         Returns:
             `(summed, losses, y_pred)`: one sum per trainable variable, the
-            per-example losses and the batch's predictions.
+            per-example losses and the predictions (one per row).
         """
         if self.clipping != "vectorized":
             try:
@@ -298,6 +318,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
                     ghost_clipping.clipped_gradient_sum(
                         self, ghost_clipping.compiled_loss_fn(self), x, y,
                         sample_weight, l2_norm_clip, mask=present,
+                        group_size=self.augmult,
                     )
                 )
                 self.clipping_used = "ghost"
@@ -309,7 +330,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
                     ) from error
                 self.ghost_unsupported_reason = str(error)
         summed, _, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
-            self, x, y, sample_weight, l2_norm_clip, mask=present
+            self, x, y, sample_weight, l2_norm_clip, mask=present,
+            group_size=self.augmult,
         )
         self.clipping_used = "vectorized"
         return summed, losses, y_pred
@@ -412,6 +434,9 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             "clipping": self.clipping,
             "diagnostics": self.diagnostics,
             "secure_mode": self.secure_mode,
+            "augmult": self.augmult,
+            # Raises for a callable that a saved model could not hold.
+            "augment": augmentation.serialize(self.augment),
             "base_model": keras.saving.serialize_keras_object(self.base_model),
             "lora": lora_state.lora_config(self.base_model),
         }
@@ -423,11 +448,14 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             config.pop("base_model"), custom_objects=custom_objects
         )
         lora_state.restore_lora(base_model, config.pop("lora", None))
-        return cls(base_model, **config)
+        augment = augmentation.deserialize(
+            config.pop("augment", None), custom_objects=custom_objects
+        )
+        return cls(base_model, augment=augment, **config)
 
 
 def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
-                 secure_mode=False):
+                 secure_mode=False, augment=None, augmult=1):
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -472,14 +500,47 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
             against floating-point attacks on the Gaussian sampler (Holohan
             & Braghin 2021; as Opacus' `secure_mode`); needs `seed=None`.
             See the README for what it does and does not protect against.
+        augment: None (default) or a callable that augments a batch of
+            inputs, in training only: a Keras layer or model (e.g.
+            `keras.Sequential([keras.layers.RandomFlip("horizontal"),
+            keras.layers.RandomTranslation(0.1, 0.1)])`, called with
+            `training=True`) or a function of `x` (given `training=True` if
+            it takes a `training` argument). It must transform each row on
+            its own (MixUp and CutMix are refused) and keep the shape the
+            model expects; evaluation and prediction see the inputs
+            unaugmented. Saved with the model if it is a Keras layer or a
+            registered function (`keras.saving.register_keras_serializable`);
+            saving a model with any other callable raises.
+        augmult: K >= 1, the augmentation multiplicity (De et al. 2022,
+            "Unlocking High-Accuracy Differentially Private Image
+            Classification through Scale"). Each step makes the views
+            `v_i1..v_iK = augment(x_i repeated K times)` once, and example
+            i's gradient is that of its mean loss over them, clipped ONCE:
+
+                g_i = grad [(1/K) sum_k loss(v_ik, y_i)] + grad R,
+                update = (sum_i min(1, C / ||g_i||) g_i
+                          + N(0, sigma^2 C^2 I)) / B
+
+            (R the weight regularization; the sample weight and the mask of
+            absent examples apply to the example; losses added in call, on
+            the vectorized path only, are those of the example's K views as
+            one batch). Each example's sensitivity is still C, so the noise,
+            B and epsilon are those of K = 1; K costs K times the forward
+            and backward compute. Ghost clipping handles the K views of an
+            example as one group (their cross terms are in its norm), the
+            vectorized path maps over the examples with their K views as a
+            batch. K > 1 needs `augment`; with K = 1, `augment` is plain
+            data augmentation inside the private step.
 
     Returns:
         A `PrivateModel`.
 
     Raises:
-        ValueError: if a layer mixes examples (the layer is named).
+        ValueError: if a layer mixes examples (the layer is named), or for
+            an invalid argument (named).
     """
     return PrivateModel(
         model, seed=seed, clipping=clipping, diagnostics=diagnostics,
-        secure_mode=secure_mode, name=f"private_{model.name}",
+        secure_mode=secure_mode, augment=augment, augmult=augmult,
+        name=f"private_{model.name}",
     )

@@ -24,6 +24,11 @@ Layout (the step knows no layer; a rule knows no clipping):
   vectorized map over that layer alone).
 * `per_example_loss.py`: `[B]` losses from the compiled loss.
 
+Augmentation multiplicity (`clipped_gradient_sum(..., group_size=K)`, see
+`tf_dpadam.augmentation`): the rules record K rows per example and every
+block type groups them (`grouped`): the K views of an example are one
+example whose norm includes the cross terms between its views.
+
 Weight regularizers are supported (each example's loss includes the whole
 regularization term, as in the vectorized path). Not supported
 (`clipped_gradient_sum` raises `GhostClippingUnsupportedError`; use the

@@ -9,10 +9,17 @@ for two things only:
   norm of `grad_i + R'` minus `||R'||^2`: the cross term `2 grad_i . R'` is
   included, `||R'||^2` is added once by the step);
 * `weighted_sum(factors)`: `sum_i factors_i grad_i`, the variable's clipped sum
-  once `factors` are the clip factors.
+  once `factors` are the clip factors;
+
+and, with augmentation multiplicity (K views of each example, in consecutive
+rows), for a third:
+
+* `grouped(size)`: the block of the groups of `size` consecutive rows, whose
+  gradient is the sum of its rows' gradients (the cross terms between the
+  rows of a group are in its norm).
 
 Rules for particular layers add their own blocks (embedding rows, convolution
-patches) with the same two methods.
+patches) with the same methods.
 """
 
 import tensorflow as tf
@@ -25,6 +32,16 @@ from keras import ops
 MATERIALIZE_MAX_RATIO = 1.0
 # When T is not known statically: materialize while d p is at most this.
 MATERIALIZE_MAX_UNKNOWN_T = 1 << 16
+
+
+def group_rows(t, size):
+    """`[N, T, ...]` as `[N / size, size * T, ...]`: the rows of a group side
+    by side, as positions of one example (static sizes kept where known)."""
+    if size == 1:
+        return t
+    dims = [d if d is not None else tf.shape(t)[i]
+            for i, d in enumerate(t.shape)]
+    return tf.reshape(t, [dims[0] // size, size * dims[1], *dims[2:]])
 
 
 class MaterializedBlock:
@@ -48,6 +65,10 @@ class MaterializedBlock:
 
     def weighted_sum(self, factors):
         return tf.tensordot(factors, self.per_example, axes=[[0], [0]])
+
+    def grouped(self, size):
+        rows = self.per_example[:, None]  # [N, 1, ...]: one position each
+        return MaterializedBlock(ops.sum(group_rows(rows, size), axis=1))
 
 
 def linear_mode(t, d, p):
@@ -111,3 +132,9 @@ class LinearBlock:
                 g = g * factors[:, None, None]
             matrix = tf.einsum("btd,btp->dp", a, g)
         return self.from_matrix(matrix)
+
+    def grouped(self, size):
+        # A group's gradient is sum over its rows and positions of a^T g:
+        # the rows become positions (T = 1, "outer", becomes T = size).
+        return LinearBlock(group_rows(self.a, size), group_rows(self.g, size),
+                           self.to_matrix, self.from_matrix)

@@ -8,6 +8,7 @@ patches (one filter-gradient op on the factor-scaled input or output
 gradient). `Conv1D` is a `Conv2D` of height 1.
 """
 
+import copy
 import math
 
 import tensorflow as tf
@@ -166,7 +167,9 @@ class ConvolutionBlock:
 
     def __init__(self, layer, inputs, grads, recording):
         self.inputs, self.grads = inputs, grads
-        self.batch_size = recording.batch_size
+        # Examples are groups of this many consecutive rows (`grouped`).
+        self.group_size = 1
+        self.batch_size = recording.batch_size  # examples
         self.shape = tuple(layer.kernel.shape)
         self.kernel_size = list(layer.kernel_size)
         self.strides = list(layer.strides)
@@ -188,16 +191,24 @@ class ConvolutionBlock:
                 1, PATCH_FLOATS_PER_CHUNK // (sum(positions) * self.d)
             )
 
+    def grouped(self, size):
+        block = copy.copy(self)
+        block.group_size = self.group_size * size
+        block.batch_size = self.batch_size // size
+        block.chunk = max(1, self.chunk // size)
+        return block
+
     def _to_matrix(self, w):
         return tf.reshape(ops.cast(w, "float32"), [self.d, self.p])
 
     def _linear_block(self, inputs, grads, start=0, size=None):
         """The `LinearBlock` of examples `start` to `start + size` (all)."""
+        rows = self.group_size
         a_list, g_list = [], []
         for (x, padding), g in zip(inputs, grads):
             if size is not None:
-                x = _batch_slice(x, start, size)
-                g = _batch_slice(g, start, size)
+                x = _batch_slice(x, start * rows, size * rows)
+                g = _batch_slice(g, start * rows, size * rows)
             patches = image_patches(x, self.kernel_size, self.strides,
                                      self.rates, padding)
             t = patches.shape[1] * patches.shape[2] if None not in (
@@ -206,10 +217,15 @@ class ConvolutionBlock:
             g_list.append(tf.reshape(g, [tf.shape(x)[0], t, self.p]))
         a = ops.concatenate(a_list, axis=1) if len(a_list) > 1 else a_list[0]
         g = ops.concatenate(g_list, axis=1) if len(g_list) > 1 else g_list[0]
-        return blocks.LinearBlock(a, g, self._to_matrix, None)
+        return blocks.LinearBlock(blocks.group_rows(a, rows),
+                                  blocks.group_rows(g, rows),
+                                  self._to_matrix, None)
 
     def squared_norms(self, reg_grad=None):
+        rows = self.group_size
         static = self.grads[0].shape[0]
+        if static is not None:
+            static //= rows  # examples
         chunk = self.chunk
         if static is not None and static <= chunk:
             block = self._linear_block(self.inputs, self.grads)
@@ -241,7 +257,8 @@ class ConvolutionBlock:
         # A batch size known only at run time: zero examples fill the last
         # chunk (their norms are 0, cut below).
         count = (self.batch_size + chunk - 1) // chunk
-        extra = [[0, count * chunk - self.batch_size], [0, 0], [0, 0], [0, 0]]
+        extra = [[0, (count * chunk - self.batch_size) * rows], [0, 0], [0, 0],
+                 [0, 0]]
         inputs = [(tf.pad(x, extra), padding) for x, padding in self.inputs]
         grads = [tf.pad(g, extra) for g in self.grads]
         norms = chunk_norms(tf.range(count) * chunk)
@@ -254,6 +271,8 @@ class ConvolutionBlock:
         # sum_i c_i grad_i is bilinear in (input_i, output gradient_i):
         # scale the smaller of the two (for most convolutions the input), so
         # that the weighted copy is small.
+        if self.group_size > 1:
+            factors = tf.repeat(factors, self.group_size)  # one per row
         inputs, grads = [], []
         for (x, padding), g in zip(self.inputs, self.grads):
             if _example_size(x) <= _example_size(g):

@@ -10,6 +10,7 @@ gradients into the rows.
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import rule
 
 
@@ -93,3 +94,10 @@ class EmbeddingBlock:
             tf.reshape(self.ids, [-1]),
             self.vocabulary_size,
         )
+
+    def grouped(self, size):
+        # A group's rows are its positions: an id shared by two rows of the
+        # group is one row of the group's gradient.
+        return EmbeddingBlock(blocks.group_rows(self.ids, size),
+                              blocks.group_rows(self.g, size),
+                              self.vocabulary_size)

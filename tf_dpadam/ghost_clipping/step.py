@@ -10,6 +10,12 @@
 4. **factors**: `c_i = min(1, C / norm_i)` times the mask;
 5. **sum**: each variable's `sum_i c_i grad_i` from its blocks.
 
+With augmentation multiplicity (`group_size` K) the batch holds K rows (views)
+per example: the rules record rows, each row's loss weighs 1/K, and step 3
+first turns each row block into the block of the groups of K rows
+(`grouped`), so that an example's norm includes the cross terms between its
+views.
+
 This module knows no layer; the rules know no clipping.
 """
 
@@ -103,7 +109,8 @@ def recorded(rules, recording):
 
 @tf.autograph.experimental.do_not_convert
 def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
-                         l2_norm_clip, mask=None, training=True):
+                         l2_norm_clip, mask=None, training=True,
+                         group_size=1):
     """The sum of per-example gradients clipped to norm C, by ghost clipping.
 
     Args:
@@ -116,6 +123,16 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         l2_norm_clip: C.
         mask: optional `[B]` of 0/1; examples with 0 contribute nothing.
         training: passed to the model call.
+        group_size: K (augmentation multiplicity): the batch holds K rows
+            per example, example i's views in rows `i K` to `i K + K - 1`,
+            and example i's loss is the mean of its rows' losses (plus the
+            regularization term, once):
+
+                L_i = (1/K) sum_k loss(row_{iK+k}) + R,
+
+            so its gradient sums its rows' gradients (each scaled by 1/K)
+            and its norm includes the cross terms between them (each block's
+            `grouped`). `mask`, the norms and the losses are per example.
 
     Returns:
         `(summed, norms, losses, y_pred)`: one tensor per
@@ -130,13 +147,14 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     """
     result, _ = _clipped_gradient_sum(
         model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
-        mask=mask, training=training,
+        mask=mask, training=training, group_size=group_size,
     )
     return result
 
 
 def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
-                          l2_norm_clip, mask=None, training=True):
+                          l2_norm_clip, mask=None, training=True,
+                          group_size=1):
     """`clipped_gradient_sum`'s result, and the blocks it was computed from."""
     if keras_internals.in_stateless_scope():
         raise GhostClippingUnsupportedError(
@@ -147,23 +165,28 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         raise GhostClippingUnsupportedError(format_problems(plan.problems))
     variables = model.trainable_variables
     first = tf.convert_to_tensor(tf.nest.flatten(x)[0])
-    batch_size = tf.shape(first)[0]
+    rows = tf.shape(first)[0]  # the rules see rows (K per example)
 
     # 1. Record.
     with tf.GradientTape() as tape:
-        recording = Recording(tape, batch_size, first.shape[0])
+        recording = Recording(tape, rows, first.shape[0])
         with recorded(plan.rules, recording):
             y_pred = model(x, training=training)
         losses = ops.cast(per_example_loss_fn(y, y_pred, sample_weight),
                           "float32")
         total = ops.sum(losses)
+        if group_size > 1:
+            total = total / group_size  # each row weighs 1/K of its example
     _check_recording(model, recording, losses)
     # 2. Backward to the taps.
     tap_grads = _tap_gradients(tape, total, plan, variables)
     # 3. Norms.
     blocks = _blocks(plan, recording, tap_grads)
+    if group_size > 1:
+        blocks = _grouped(blocks, group_size)
+        losses = ops.mean(ops.reshape(losses, (-1, group_size)), axis=1)
     regularization, reg_grads = _regularization(model)
-    norms = _norms(variables, blocks, reg_grads, batch_size)
+    norms = _norms(variables, blocks, reg_grads, rows // group_size)
     # 4. Clip factors.
     factors = dp_math.clip_factors(norms, l2_norm_clip)
     if mask is not None:
@@ -269,6 +292,20 @@ def _blocks(plan, recording, tap_grads):
         for key, value in produced.items():
             blocks.setdefault(key, []).extend(value)
     return blocks
+
+
+def _grouped(blocks, group_size):
+    """The blocks of examples made of `group_size` consecutive rows each."""
+    grouped = {}
+    for key, value in blocks.items():
+        for block in value:
+            if not hasattr(block, "grouped"):
+                raise GhostClippingUnsupportedError(
+                    f"{type(block).__name__} blocks cannot group the"
+                    " augmented views of an example"
+                )
+        grouped[key] = [block.grouped(group_size) for block in value]
+    return grouped
 
 
 def _regularization(model):
