@@ -33,11 +33,12 @@ from examples import common
 from examples import datasets
 
 
-def poisson_plan(config, train):
+def poisson_plan(config, train, first_step=0):
     """`(N, T, batches)`: the examples, the steps and their Poisson batches.
 
     `train` is `(x, y)` arrays, or a `datasets.RecordSource` read by random
-    access (only the sampled records of each step).
+    access (only the sampled records of each step). `first_step`: the steps
+    a resumed run has taken (its batches continue, never replay, theirs).
     """
     if isinstance(train, datasets.RecordSource):
         num_examples = len(train)
@@ -54,6 +55,7 @@ def poisson_plan(config, train):
         physical_batch_size=config.physical_batch_size,
         steps_per_epoch=config.eval_every,
         seed=config.noise_seed,
+        first_step=first_step,
         # Graphs take each batch at about its size (0.7x the step time of
         # static padding on Fashion-MNIST); XLA compiles once per shape, so
         # it gets the static padded batches.
@@ -299,21 +301,23 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
             averages the weights otherwise.
     """
     keras.utils.set_random_seed(config.seed)
+    model, checkpoint = _load_checkpoint(config.model_dir)
+    # A resumed run's batches continue the run's, never replay them.
+    done = 0 if model is None else int(model.optimizer.iterations.numpy())
     try:
-        num_examples, steps, batches = poisson_plan(config, train)
+        num_examples, steps, batches = poisson_plan(config, train,
+                                                    first_step=done)
     except ValueError as error:
         raise SettingsError(str(error)) from error
     if max_steps is not None:
         steps = min(steps, max_steps)
     k = batches.accumulation_steps
-    model, checkpoint = _load_checkpoint(config.model_dir)
     if model is None:
         model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
                                        diagnostics=diagnostics)
         compile_private(model, config, loss, k)
     else:
         _check_averaging(model.optimizer, config)
-    done = int(model.optimizer.iterations.numpy())
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
         delta=config.delta,

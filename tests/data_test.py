@@ -304,6 +304,33 @@ class SamplingSeedTest(absltest.TestCase):
                                 steps_per_epoch=3, seed=8)
         self.assertNotEqual(_sampled(other.dataset), first)
 
+    def test_a_resumed_run_does_not_replay_its_batches(self):
+        # A run resumed in a new process at step t passes first_step=t:
+        # with the same explicit seed, its batches are new (not the first
+        # steps' again, which the accounting counts as independent), and
+        # reproducible. first_step=0 is the original stream.
+        x, y = _indexed_data(200)
+        first = _sampled(_seeded_batches(
+            self, (x, y), expected_batch_size=20, steps_per_epoch=3,
+            seed=7).dataset)
+        self.assertEqual(_sampled(_seeded_batches(
+            self, (x, y), expected_batch_size=20, steps_per_epoch=3, seed=7,
+            first_step=0).dataset), first)
+        resumed = [_sampled(_seeded_batches(
+            self, (x, y), expected_batch_size=20, steps_per_epoch=3, seed=7,
+            first_step=3).dataset) for _ in range(2)]
+        self.assertEqual(resumed[0], resumed[1])
+        self.assertTrue(set(resumed[0]).isdisjoint(first))
+        source = dp_data.poisson_batches_from_source(
+            np.arange(200), expected_batch_size=20, steps_per_epoch=3,
+            seed=7, first_step=3,
+            decode=lambda rows: (np.zeros((len(rows), 1), "float32"), rows))
+        self.assertTrue(set(_sampled(source.dataset)).isdisjoint(first))
+        for bad in (-1, 1.5, True):
+            with self.assertRaisesRegex(ValueError, f"first_step={bad}"):
+                dp_data.poisson_batches((x, y), expected_batch_size=20,
+                                        first_step=bad)
+
     def test_default_sampling_is_bernoulli_q_per_example_and_step(self):
         n, b, steps = 200, 20, 200
         x, y = _indexed_data(n)

@@ -61,6 +61,14 @@ class LoopTest(absltest.TestCase):
         self.assertEqual([r["step"] for r in second["history"]], [2, 4])
         with open(os.path.join(model_dir, "metrics.json")) as f:
             self.assertEqual(json.load(f)["history"], second["history"])
+        # The resumed run's batches continue the run's (no replay).
+        with mock.patch.object(tf_dpadam.data, "poisson_batches",
+                               wraps=tf_dpadam.data.poisson_batches) as made:
+            training.fit_private(
+                _tiny_model, (x, y), (x, y),
+                helpers.train_config(epochs=5 * 16 / 64,
+                                     model_dir=model_dir), loss)
+        self.assertEqual(made.call_args.kwargs["first_step"], 4)
         # StopAtStep ends an epoch early; no validation: no val_ metrics.
         _, _, results = training.train_private(
             _tiny_model, (x, y), (x, y), helpers.train_config(epochs=4 * 16 / 64), loss,

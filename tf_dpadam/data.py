@@ -41,7 +41,9 @@ the operating system's CSPRNG (`privatizer.secret_seed`), which no global seed
 nonce_t)) < q`, where the nonces are public 64-bit values, new at every step
 and every pass (`_step_nonces`). An explicit `seed=` is that key: the same
 seed gives the same batches, pass after pass, whatever the other seeds, and
-warns that anyone who knows it can regenerate every batch.
+warns that anyone who knows it can regenerate every batch. A run resumed in a
+new process passes `first_step=` (the steps taken) so that it does not replay
+the batches of its first steps.
 
 Datasets larger than memory: `poisson_batches_from_source` samples the same
 Poisson batches by random access into any indexable source (an ArrayRecord or
@@ -133,8 +135,13 @@ def poisson_capacity(num_examples, expected_batch_size, physical_batch_size,
         capacity += physical_batch_size
 
 
-def _step_nonces():
+def _step_nonces(first_step=0):
     """Public 64-bit nonces, new at every element and every iteration.
+
+    `first_step` selects the stream (0: the original one): a run resumed at
+    step t > 0 in a new process passes t, so that its steps do not replay
+    the nonces, hence with an explicit key the very batches, of the steps
+    before the interruption.
 
     The op of `tf.data.Dataset.random(rerandomize_each_iteration=True)`
     (`RandomDatasetV2`), called with fixed seeds: `Dataset.random` itself
@@ -146,7 +153,7 @@ def _step_nonces():
     words = tf.data.experimental.from_variant(
         tf.raw_ops.RandomDatasetV2(
             seed=tf.constant(_NONCE_SEEDS[0], tf.int64),
-            seed2=tf.constant(_NONCE_SEEDS[1], tf.int64),
+            seed2=tf.constant(_nonce_seed2(first_step), tf.int64),
             seed_generator=tf.raw_ops.DummySeedGenerator(),
             output_types=[tf.int64],
             output_shapes=[[]],
@@ -157,6 +164,16 @@ def _step_nonces():
     return words.batch(2, drop_remainder=True).map(
         lambda w: tf.bitwise.bitwise_or(tf.bitwise.left_shift(w[0], 32), w[1])
     )
+
+
+def _nonce_seed2(first_step):
+    """The second seed of the nonce stream of a run that starts at
+    `first_step` (a distinct stream for every start)."""
+    validation.check(validation.is_int(first_step) and first_step >= 0,
+                     "first_step", first_step, "to be an integer >= 0")
+    if first_step == 0:
+        return _NONCE_SEEDS[1]
+    return (_NONCE_SEEDS[1] + 0x9E37_79B9 * int(first_step)) % (1 << 63)
 
 
 class _Layout(typing.NamedTuple):
@@ -276,10 +293,11 @@ def _pad_and_split(rows, size, layout):
     )
 
 
-def _pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE):
+def _pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
+              first_step=0):
     """The `PoissonBatches` of `sample_step(nonce)`, one call per step."""
     dataset = (
-        _step_nonces()
+        _step_nonces(first_step)
         .take(layout.steps_per_epoch)
         .map(sample_step, num_parallel_calls=num_parallel_calls)
         .unbatch()
@@ -298,7 +316,8 @@ def _pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE):
 
 def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                     steps_per_epoch=None, seed=None,
-                    max_overflow_probability=1e-10, pad_to_multiple_of=None):
+                    max_overflow_probability=1e-10, pad_to_multiple_of=None,
+                    first_step=0):
     """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
 
     The whole dataset is held in memory and each step draws a Bernoulli(q)
@@ -324,6 +343,12 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         pad_to_multiple_of: None (default): physical batches of the static
             size b (XLA compiles once). An int m: each physical batch is
             padded to the next multiple of m only (dynamic sizes <= b).
+        first_step: the logical steps already taken, when a run resumes in
+            a new process (e.g. `model.optimizer.iterations`). With an
+            explicit `seed`, 0 would replay the batches of the run's first
+            steps, which the accounting counts as independent samples; each
+            start gets its own stream (reproducible for the same seed and
+            start).
 
     Returns:
         A `PoissonBatches`.
@@ -331,6 +356,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
     Raises:
         ValueError: on arguments out of range (including `seed`).
     """
+    _nonce_seed2(first_step)  # Checks it.
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
         raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
     data = tuple(tf.nest.map_structure(np.asarray, item) for item in data)
@@ -360,7 +386,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                                      constants)
         return _pad_and_split(rows, tf.size(indices), layout)
 
-    return _pipeline(sample_step, layout)
+    return _pipeline(sample_step, layout, first_step=first_step)
 
 
 # --------------------------------------------------------------------------
@@ -488,7 +514,8 @@ def _decode_batch(decode, records, count):
 def poisson_batches_from_source(
         source, *, expected_batch_size, decode=None, physical_batch_size=None,
         steps_per_epoch=None, seed=None, max_overflow_probability=1e-10,
-        pad_to_multiple_of=None, num_parallel_reads=tf.data.AUTOTUNE):
+        pad_to_multiple_of=None, num_parallel_reads=tf.data.AUTOTUNE,
+        first_step=0):
     """Poisson-sampled batches read by random access, for data on disk.
 
     The pipeline of `poisson_batches`, same batches in law, same padding,
@@ -538,7 +565,7 @@ def poisson_batches_from_source(
             on record 0 when the pipeline is built, to learn the dtypes and
             shapes, which every step must then repeat.
         physical_batch_size, steps_per_epoch, seed, max_overflow_probability,
-        pad_to_multiple_of: as for `poisson_batches`.
+        pad_to_multiple_of, first_step: as for `poisson_batches`.
         num_parallel_reads: steps read concurrently (`tf.data.AUTOTUNE` by
             default); 1 for a source that is not safe to read from several
             threads.
@@ -550,6 +577,7 @@ def poisson_batches_from_source(
         ValueError: on arguments out of range (including `seed`), or if
             `decode` does not return one row per record.
     """
+    _nonce_seed2(first_step)  # Checks it.
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
         raise ValueError(
             f"Expected source={source!r} to have __len__ and __getitem__."
@@ -600,4 +628,5 @@ def poisson_batches_from_source(
         rows = tf.nest.pack_sequence_as(specs, flat)
         return _pad_and_split(rows, tf.shape(flat[0])[0], layout)
 
-    return _pipeline(sample_step, layout, num_parallel_reads)
+    return _pipeline(sample_step, layout, num_parallel_reads,
+                     first_step=first_step)

@@ -104,7 +104,7 @@ def worker_key(key, worker):
 def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
                             num_workers=1, replicas_per_worker=1,
                             steps_per_epoch=None, seed=None,
-                            max_overflow_probability=1e-10):
+                            max_overflow_probability=1e-10, first_step=0):
     """Poisson(q) batches over all N examples, each worker sampling its shard.
 
     Args:
@@ -120,6 +120,8 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
             int, the reproducible (and NOT private) key of `poisson_batches`.
         max_overflow_probability: bound on P(a worker's sample > M) per
             step, for each worker.
+        first_step: the steps already taken, on a resume in new processes
+            (as for `poisson_batches`: no replay of earlier batches).
 
     Returns:
         A `ShardedPoissonBatches`.
@@ -202,7 +204,8 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
             )
 
         return (
-            data_lib._step_nonces()  # pylint: disable=protected-access
+            # pylint: disable-next=protected-access
+            data_lib._step_nonces(first_step)
             .map(sample_step, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch()
             .prefetch(tf.data.AUTOTUNE)
