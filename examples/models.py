@@ -42,6 +42,19 @@ NORMALIZATIONS = ("none", "group")
 CNN_GROUPS = 16
 
 
+def image_augmentation(input_shape, shift=4, seed=None):
+    """Random horizontal flips and shifts by up to `shift` pixels (reflected
+    borders): the usual CIFAR augmentation (random crops of the image
+    padded by 4), as in De et al. 2022, for `make_private(augment=...)`.
+    It has no weights and treats each image on its own."""
+    height, width = input_shape[:2]
+    return keras.Sequential([
+        keras.layers.RandomFlip("horizontal", seed=seed),
+        keras.layers.RandomTranslation(shift / height, shift / width,
+                                       fill_mode="reflect", seed=seed),
+    ], name="image_augmentation")
+
+
 def make_cnn(input_shape, num_classes, normalization="none"):
     """The paper's 5-layer CNN: tanh convs, logits out.
 

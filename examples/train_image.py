@@ -20,6 +20,7 @@ from examples import common
 from examples import datasets
 from examples import models
 from examples import training
+from tf_dpadam import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
@@ -40,8 +41,15 @@ def define_flags():
                       "none: the paper's CNN; group: weight-standardized"
                       " convs with GroupNormalization (per example, exact"
                       " per-example clipping; De et al. 2022).")
+    flags.DEFINE_integer("augmult", 0,
+                         "Augmentation multiplicity K (De et al. 2022): each"
+                         " example's gradient is the mean over K randomly"
+                         " flipped and shifted (up to 4 pixels) views,"
+                         " clipped once, so epsilon is unchanged and a step"
+                         " costs about K times more; 0: no augmentation.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
+    shared_flags.check_flag("augmult", validation.check_non_negative)
 
 
 FLAGS = flags.FLAGS
@@ -49,13 +57,14 @@ FLAGS = flags.FLAGS
 
 def run(dataset, data_dir, config, max_examples=None, *,
         max_test_examples=None, data_source=None, normalization="none",
-        **kwargs):
+        augmult=0, **kwargs):
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
     all); with `data_source` (`datasets.image_data_source`) the training set
     is read by random access instead (all of it); `normalization` is
-    `models.make_cnn`'s; `kwargs` go to `fit_private` (`callbacks`,
-    `max_steps`)."""
+    `models.make_cnn`'s; `augmult` > 0 trains on that many augmented views
+    of each example (`models.image_augmentation`); `kwargs` go to
+    `fit_private` (`callbacks`, `max_steps`)."""
     if data_source:
         train, (x_test, y_test), num_classes = datasets.image_data_source(
             data_source, data_dir)
@@ -75,6 +84,9 @@ def run(dataset, data_dir, config, max_examples=None, *,
         (x_test, y_test),
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        augment=(models.image_augmentation(input_shape, seed=config.seed)
+                 if augmult else None),
+        augmult=max(augmult, 1),
         **kwargs,
     )
 
@@ -93,6 +105,7 @@ def main(argv):
                       max_test_examples=caps.max_test_examples,
                       data_source=FLAGS.data_source,
                       normalization=FLAGS.normalization,
+                      augmult=FLAGS.augmult,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

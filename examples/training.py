@@ -266,7 +266,8 @@ def _write_metrics(model_dir, results, rows):
 
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
-                  callbacks=(), validate=True, max_steps=None, verbose=None):
+                  callbacks=(), validate=True, max_steps=None, verbose=None,
+                  augment=None, augmult=1):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -286,6 +287,9 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         max_steps: stop after this many steps if the config plans more (a
             smoke test; the results are those of the steps taken).
         verbose: Keras' verbosity (None: `progress_verbosity()`).
+        augment, augmult: `make_private`'s augmentation multiplicity (each
+            example's gradient is the mean over `augmult` views made by
+            `augment`, clipped once; ε is unchanged).
 
     Returns:
         `(model, batches, results)`: the trained private model (with
@@ -314,7 +318,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     k = batches.accumulation_steps
     if model is None:
         model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
-                                       diagnostics=diagnostics)
+                                       diagnostics=diagnostics,
+                                       augment=augment, augmult=augmult)
         compile_private(model, config, loss, k)
     else:
         _check_averaging(model.optimizer, config)

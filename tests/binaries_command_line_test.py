@@ -48,6 +48,8 @@ USAGE_ERRORS = [
      "--ema_momentum=1.0: Expected ema_momentum=1.0 in (0, 1)"),
     ("examples.train_image", ["--normalization=batch"],
      "--normalization=batch"),
+    ("examples.train_image", ["--augmult=-1"],
+     "--augmult=-1: Expected augmult=-1 to be a finite number >= 0"),
     # No network here: cifar10 is neither prepared in an empty folder nor
     # downloadable; the line names the offline alternatives.
     ("examples.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],

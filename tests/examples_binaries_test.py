@@ -114,6 +114,19 @@ class ImageBinaryTest(absltest.TestCase):
                                     "--data_source=nowhere"):
             datasets.image_data_source("nowhere", data_dir)
 
+    def test_augmult_trains_on_augmented_views(self):
+        config = helpers.train_config(epochs=2 * 16 / 64, eval_every=2)
+        with tfds.testing.mock_data(num_examples=64), \
+                mock.patch.object(tf_dpadam, "make_private",
+                                  wraps=tf_dpadam.make_private) as private:
+            results = train_image.run("cifar10", None, config, augmult=2)
+        self.assertEqual(results["steps"], 2)
+        kwargs = private.call_args.kwargs
+        self.assertEqual(kwargs["augmult"], 2)
+        self.assertEqual([type(layer).__name__
+                          for layer in kwargs["augment"].layers],
+                         ["RandomFlip", "RandomTranslation"])
+
     def test_target_epsilon_stops_at_the_calibrated_step(self):
         config = helpers.train_config(
             optimizer="dpsgd", learning_rate=0.5, noise_multiplier=2.0,
