@@ -274,3 +274,45 @@ def write_sst2_tsv(train=48, dev=16):
                 sentence = " ".join(generator.choice(words, size=5))
                 f.write(f"{sentence}\t{int('good' in sentence)}\n")
     return folder
+
+
+def reference_dpsgd_step(test, model, loss, x, y):
+    """`(clip, want)`: C at the median per-example norm (about half of the
+    examples clipped, checked) and the update of one noise-free DP-SGD
+    step with learning rate 1 and B the batch size, from brute-force
+    per-example gradients, one array per trainable variable."""
+    grads, _ = reference_per_example_gradients(model, loss, x, y)
+    norms = dp_math.per_example_global_norms(grads).numpy()
+    clip = float(np.median(norms)) * 1.0001
+    test.assertGreater(np.sum(norms > clip), 0)
+    test.assertGreater(np.sum(norms < clip), 0)
+    summed, _ = privatizer.clip_and_sum(grads, clip)
+    return clip, [-s.numpy() / len(norms) for s in summed]
+
+
+def assert_update(variables, before, want):
+    """The variables moved from `before` by `want` (float tolerance)."""
+    scale = max(float(np.max(np.abs(w))) for w in want)
+    for v, b, w in zip(variables, before, want):
+        np.testing.assert_allclose(v.numpy() - b, w, rtol=1e-4,
+                                   atol=1e-5 * scale, err_msg=v.path)
+
+
+def tiny_lora_bert(length, output="pooled_output", seed=0):
+    """A 1-block keras-hub BERT (width 8, vocabulary 30, no dropout) with
+    `backbone.enable_lora(2)` and a Dense head on `output`
+    ("pooled_output", or "cls": the final [CLS] state)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=length, dropout=0.0)
+    backbone.enable_lora(2)
+    names = ("token_ids", "segment_ids", "padding_mask")
+    inputs = {n: keras.Input((length,), dtype="int32", name=n)
+              for n in names}
+    outputs = backbone(inputs)
+    features = (outputs["sequence_output"][:, 0] if output == "cls"
+                else outputs[output])
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(features))

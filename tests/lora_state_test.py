@@ -24,18 +24,7 @@ _BATCH = 8
 
 
 def _lora_bert(seed=0):
-    import keras_hub
-
-    keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
-        intermediate_dim=16, max_sequence_length=_LENGTH, dropout=0.0)
-    backbone.enable_lora(2)
-    names = ("token_ids", "segment_ids", "padding_mask")
-    inputs = {n: keras.Input((_LENGTH,), dtype="int32", name=n)
-              for n in names}
-    pooled = backbone(inputs)["sequence_output"][:, 0]
-    return keras.Model(inputs, keras.layers.Dense(2, name="head")(pooled))
+    return helpers.tiny_lora_bert(_LENGTH, output="cls", seed=seed)
 
 
 def _lora_mlp(seed=0):
