@@ -693,6 +693,42 @@ _add("lstm_dropout", lambda: _head((3, 3), layers.LSTM(
 
 
 # ----------------------------------------------------------------------------
+# keras-hub layers: PositionEmbedding (at a start index), and a tiny BERT with
+# every weight trainable (its token embedding a ReversibleEmbedding).
+
+
+def _position_embedding():
+    import keras_hub
+
+    inputs = keras.Input((5, 4))
+    rows = keras_hub.layers.PositionEmbedding(8)(inputs, start_index=2)
+    model = keras.Model(inputs, layers.Dense(2, activation="tanh")(
+        inputs + rows))
+    return _regression(model, _normal((_B, 5, 4)))
+
+
+def _tiny_bert_full():
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=7, num_layers=1, num_heads=2, hidden_dim=4,
+        intermediate_dim=8, max_sequence_length=6, dropout=0.0)
+    model = keras.Model(backbone.input, layers.Dense(3)(
+        backbone.output["pooled_output"]))
+    ids = _padded_ids(5, 7)
+    x = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+         "padding_mask": (ids != 0).astype("int32")}
+    return _classification(model, x)
+
+
+_add("position_embedding", _position_embedding)
+# "auto" in a graph only (ghost, every layer by its rule; 1.4 s): the other
+# modes would add ~6 s; tests/ghost_clipping_keras_hub_test.py runs it under
+# XLA too.
+_add("tiny_bert_full", _tiny_bert_full, modes=("auto",), xla=False)
+
+
+# ----------------------------------------------------------------------------
 # A real backbone: all-MiniLM-L6-v2 (keras-hub BERT, 6 blocks) with LoRA on
 # query and value, loaded offline. "auto" in a graph only (the ghost path,
 # with the LoRA layers as fallback units: 9 s); the other clippings and XLA

@@ -19,9 +19,11 @@ Layout (the step knows no layer; a rule knows no clipping):
 * `rule.py`: the rule interface; `blocks.py`: per-example gradient blocks.
 * one module per layer family: `dense.py` (Dense, EinsumDense), `lora.py`
   (Dense and EinsumDense with LoRA enabled),
-  `convolution.py` (Conv1D, Conv2D), `embedding.py`, `normalization.py`
-  (LayerNormalization), `fallback.py` (any other layer with weights: a
-  vectorized map over that layer alone).
+  `convolution.py` (Conv1D, Conv2D), `embedding.py` (Embedding,
+  ReversibleEmbedding), `normalization.py` (LayerNormalization),
+  `keras_hub.py` (keras-hub's PositionEmbedding, once keras_hub is
+  imported), `fallback.py` (any other layer with weights: a vectorized map
+  over that layer alone).
 * `per_example_loss.py`: `[B]` losses from the compiled loss.
 
 Augmentation multiplicity (`clipped_gradient_sum(..., group_size=K)`, see

@@ -44,6 +44,11 @@ def group_rows(t, size):
     return tf.reshape(t, [dims[0] // size, size * dims[1], *dims[2:]])
 
 
+def sum_groups(t, size):
+    """`[N, ...]` as `[N / size, ...]`: the sum of each group's rows."""
+    return ops.sum(group_rows(t[:, None], size), axis=1)
+
+
 class MaterializedBlock:
     """Per-example gradients `[B, *var.shape]`, materialized."""
 
@@ -67,8 +72,7 @@ class MaterializedBlock:
         return tf.tensordot(factors, self.per_example, axes=[[0], [0]])
 
     def grouped(self, size):
-        rows = self.per_example[:, None]  # [N, 1, ...]: one position each
-        return MaterializedBlock(ops.sum(group_rows(rows, size), axis=1))
+        return MaterializedBlock(sum_groups(self.per_example, size))
 
 
 def linear_mode(t, d, p):

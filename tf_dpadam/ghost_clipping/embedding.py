@@ -1,16 +1,25 @@
-"""The rule for `Embedding`: rows gathered by integer ids.
+"""The rules for `Embedding` and `ReversibleEmbedding`: rows gathered by ids.
 
 Example i's gradient is `sum_t e_{id_t} g_t^T`: the output gradient of each
 position added to the row of its id. Its squared norm sums, over the distinct
 ids of the example, the squared norm of the summed output gradients of that
 id (`EmbeddingBlock`); the weighted sum scatters the factor-scaled output
 gradients into the rows.
+
+`ReversibleEmbedding` (Keras; keras-hub's is a subclass) gathers the same
+way, and `reverse=True` computes logits `x K` with the kernel `K = E^T` (tied
+weights) or its reverse embeddings `[p, V]`: a Dense kernel at the positions
+of x (`blocks.LinearBlock`). A tied table used both ways has one block whose
+norm includes the cross term between the two uses (`TiedEmbeddingBlock`).
 """
 
+import keras
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import keras_internals
 from tf_dpadam.ghost_clipping import blocks
+from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import rule
 
 
@@ -32,21 +41,118 @@ class EmbeddingRule(rule.Rule):
         return z
 
     def blocks(self, recording, tap_grads):
-        layer = self.layer
         embeddings = self.variable("embeddings")
         if embeddings is None:
             return {}
-        vocabulary, p = layer.embeddings.shape
+        return {id(embeddings): [
+            self._gathered(recording, self.records, tap_grads)
+        ]}
+
+    def _gathered(self, recording, records, tap_grads):
+        """The `EmbeddingBlock` of gathers (`records` with "ids")."""
+        vocabulary, p = self.layer.embeddings.shape
         batch = recording.batch_size
         ids = ops.concatenate([
             tf.reshape(ops.cast(r["ids"], "int32"), [batch, -1])
-            for r in self.records
+            for r in records
         ], axis=1)
         g = ops.concatenate([
             tf.reshape(ops.cast(g, "float32"), [batch, -1, p])
             for (g,) in tap_grads
         ], axis=1)
-        return {id(embeddings): [EmbeddingBlock(ids, g, vocabulary)]}
+        return EmbeddingBlock(ids, g, vocabulary)
+
+
+def _reversible_arguments(inputs, reverse=False):
+    """`ReversibleEmbedding.call`'s arguments."""
+    return inputs, reverse
+
+
+class ReversibleEmbeddingRule(EmbeddingRule):
+
+    name = "ReversibleEmbedding"
+    weight_names = ("embeddings", "reverse_embeddings")
+
+    def intercept(self, recording, original, *args, **kwargs):
+        layer = self.layer
+        inputs, reverse = _reversible_arguments(*args, **kwargs)
+        if not reverse:
+            z = super().intercept(recording, original, inputs)
+            # The layer sets its padding mask in call (its compute_mask
+            # returns None).
+            mask = keras.layers.Embedding.compute_mask(layer, inputs)
+            if mask is not None:
+                keras_internals.set_keras_mask(z, mask)
+            return z
+        if layer.tie_weights:
+            kernel = ops.transpose(rule.stopped(layer.embeddings))
+        else:
+            kernel = rule.stopped(layer.reverse_embeddings)
+        x = inputs
+        if layer.reverse_dtype is not None:
+            x = ops.cast(x, layer.reverse_dtype)
+            kernel = ops.cast(kernel, layer.reverse_dtype)
+        logits = ops.matmul(x, kernel)
+        recording.tape.watch(logits)
+        self.records.append({"x": recording.check_batch(x, layer),
+                             "taps": [logits]})
+        cap = layer.logit_soft_cap
+        if cap is not None:
+            logits = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
+        return logits
+
+    def blocks(self, recording, tap_grads):
+        layer = self.layer
+        embeddings = self.variable("embeddings")
+        # (None with tied weights: no such attribute.)
+        reverse = self.variable("reverse_embeddings")
+        gathers = [(r, g) for r, g in zip(self.records, tap_grads)
+                   if "ids" in r]
+        products = [(r, g) for r, g in zip(self.records, tap_grads)
+                    if "x" in r]
+        kernel = embeddings if layer.tie_weights else reverse
+        gathered = logits = None
+        if gathers and embeddings is not None:
+            records, grads = zip(*gathers)
+            gathered = self._gathered(recording, records, grads)
+        if products and kernel is not None:
+            logits = self._logits(recording, products)
+        # A weight that the layer's calls did not use gets no block (its
+        # gradient is 0).
+        out = {}
+        if embeddings is not None:
+            tied = logits if layer.tie_weights else None
+            if gathered is not None and tied is not None:
+                out[id(embeddings)] = [TiedEmbeddingBlock(gathered, tied)]
+            else:
+                out[id(embeddings)] = [
+                    b for b in (gathered, tied) if b is not None
+                ]
+        if reverse is not None:
+            out[id(reverse)] = [] if logits is None else [logits]
+        return out
+
+    def _logits(self, recording, products):
+        """The `LinearBlock` of the reverse calls' kernel, in the layout of
+        the variable it is (E `[V, p]` tied, else `[p, V]`)."""
+        layer = self.layer
+        vocabulary, p = layer.input_dim, layer.output_dim
+        batch = recording.batch_size
+        x = ops.concatenate([
+            tf.reshape(ops.cast(r["x"], "float32"), [batch, -1, p])
+            for r, _ in products
+        ], axis=1)
+        g = ops.concatenate([
+            tf.reshape(ops.cast(g, "float32"), [batch, -1, vocabulary])
+            for _, (g,) in products
+        ], axis=1)
+        if layer.tie_weights:
+            matrix = dense.KernelMatrix("vp", (vocabulary, p),
+                                        contracted="p", produced="v")
+        else:
+            matrix = dense.KernelMatrix.dense(p, vocabulary)
+        return blocks.LinearBlock(x, g, to_matrix=matrix.to_matrix,
+                                  from_matrix=matrix.from_matrix)
 
 
 class EmbeddingBlock:
@@ -101,3 +207,38 @@ class EmbeddingBlock:
         return EmbeddingBlock(blocks.group_rows(self.ids, size),
                               blocks.group_rows(self.g, size),
                               self.vocabulary_size)
+
+
+class TiedEmbeddingBlock:
+    """A table used both ways (`ReversibleEmbedding` with tied weights).
+
+    Rows gathered at ids (`gathered`, an `EmbeddingBlock`: example i's
+    gradient G_i) and the kernel E^T of logits `x E^T` (`logits`, a
+    `blocks.LinearBlock` of x and the logits' gradient h: H_i in E's layout).
+    Example i's gradient is G_i + H_i; its squared norm adds to the two
+    blocks' the cross term
+
+        2 <G_i, H_i> = 2 sum_{s,t} h_{i,t}[id_s] (x_{i,t} . g_{i,s}),
+
+    s over the gathered positions, t over the logits' (O(T T' p)).
+    """
+
+    def __init__(self, gathered, logits):
+        self.gathered, self.logits = gathered, logits
+
+    def squared_norms(self, reg_grad=None):
+        g, ids = self.gathered.g, self.gathered.ids
+        x, h = self.logits.a, self.logits.g
+        at_ids = tf.gather(h, ids, axis=2, batch_dims=1)  # [B, T', T]
+        cross = ops.sum(at_ids * tf.einsum("btp,bsp->bts", x, g),
+                        axis=(1, 2))
+        return (self.gathered.squared_norms(reg_grad)
+                + self.logits.squared_norms(reg_grad) + 2.0 * cross)
+
+    def weighted_sum(self, factors):
+        return (self.gathered.weighted_sum(factors)
+                + self.logits.weighted_sum(factors))
+
+    def grouped(self, size):
+        return TiedEmbeddingBlock(self.gathered.grouped(size),
+                                  self.logits.grouped(size))

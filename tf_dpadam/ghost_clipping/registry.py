@@ -16,9 +16,10 @@
   ghost clipping fall back to the vectorized path (or raise with
   `clipping="ghost"`).
 
-Adding a layer: a rule module, one line in `GHOST_RULES`, one test; the
-README's table (`markdown_table`) is checked against this module by
-tests/ghost_clipping_registry_test.py.
+Adding a layer: a rule module, one line in `GHOST_RULES` (a keras-hub layer:
+in `keras_hub.RULES`, by name, registered once keras_hub is imported), one
+test; the README's table (`markdown_table`) is checked against this module
+by tests/ghost_clipping_registry_test.py.
 """
 
 import keras
@@ -27,6 +28,7 @@ from tf_dpadam import keras_internals
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import embedding
+from tf_dpadam.ghost_clipping import keras_hub
 from tf_dpadam.ghost_clipping import lora
 from tf_dpadam.ghost_clipping import normalization
 
@@ -39,6 +41,11 @@ GHOST_RULES = {
     keras.layers.Conv1D: convolution.ConvolutionRule,
     keras.layers.Conv2D: convolution.ConvolutionRule,
 }
+# Where this Keras has it (3.15 does); keras-hub's ReversibleEmbedding is a
+# subclass.
+if hasattr(keras.layers, "ReversibleEmbedding"):
+    GHOST_RULES[keras.layers.ReversibleEmbedding] = (
+        embedding.ReversibleEmbeddingRule)
 
 # The same for a layer with LoRA enabled (`enable_lora` or `lora_rank=`).
 LORA_RULES = {
@@ -55,9 +62,16 @@ OPAQUE_LAYERS = (keras.layers.RNN, keras.layers.Wrapper)
 EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
 
 
+def _lora(layer):
+    return getattr(layer, "lora_enabled", False)
+
+
 def _table(layer):
-    """`LORA_RULES` for a layer with LoRA enabled, else `GHOST_RULES`."""
-    return LORA_RULES if getattr(layer, "lora_enabled", False) else GHOST_RULES
+    """`LORA_RULES` for a layer with LoRA enabled, else `GHOST_RULES` and
+    the keras-hub rules (once keras_hub is imported)."""
+    if _lora(layer):
+        return LORA_RULES
+    return {**GHOST_RULES, **keras_hub.ghost_rules()}
 
 
 def registered_class(layer):
@@ -77,7 +91,7 @@ def ghost_rule(layer):
         return None, "the layer is quantized"
     base = registered_class(layer)
     if base is None:
-        with_lora = " with LoRA" if _table(layer) is LORA_RULES else ""
+        with_lora = " with LoRA" if _lora(layer) else ""
         return None, f"no ghost rule for {type(layer).__name__}{with_lora}"
     rule = _table(layer)[base]
     for name in rule.overridable:
@@ -107,12 +121,16 @@ def refusals(layer):
 
 
 def markdown_table():
-    """The README's table of ghost rules, generated from `GHOST_RULES` and
-    `LORA_RULES`."""
+    """The README's table of ghost rules, generated from `GHOST_RULES`,
+    `keras_hub.RULES` and `LORA_RULES`."""
     rows = ["| layer | ghost rule | module |", "|---|---|---|"]
-    for table, note in ((GHOST_RULES, ""), (LORA_RULES, " with LoRA")):
-        for cls, rule in table.items():
+    for table, prefix, note in (
+        ({c.__name__: r for c, r in GHOST_RULES.items()}, "", ""),
+        (keras_hub.RULES, "keras_hub.layers.", ""),
+        ({c.__name__: r for c, r in LORA_RULES.items()}, "", " with LoRA"),
+    ):
+        for name, rule in table.items():
             module = rule.__module__.rsplit(".", 1)[-1]
-            rows.append(f"| `{cls.__name__}`{note} | `{rule.__name__}` |"
+            rows.append(f"| `{prefix}{name}`{note} | `{rule.__name__}` |"
                         f" `{module}.py` |")
     return "\n".join(rows)
