@@ -6,8 +6,10 @@
 Each (configuration, variant) runs in a process of its own, so that its peak
 memory is its own: the process builds the model and data, measures its
 resident memory, warms up (tracing / compiling), then times `--steps` train
-steps and reports the median step time and two peaks of memory above what
-it had before training: the process' resident memory (RSS: what the machine
+steps and reports the median step time (and the mean CPU time the process
+used per step, which other processes on a shared machine inflate much less
+than the wall time) and two peaks of memory above what it had before
+training: the process' resident memory (RSS: what the machine
 sees, including TensorFlow's allocator reserves, oneDNN's caches and the
 traced graphs), and the most bytes of tensors alive at once during the timed
 steps (TensorFlow's allocator statistics; on GPU this is the usual measure).
@@ -26,6 +28,12 @@ Configurations:
              (query, key, value, attention_output EinsumDense layers), the
              rest frozen, a Dense head on the [CLS] token; sequence length
              128, batch 32.
+  full:      full fine-tuning of MiniLM (the preset if installed, else a
+             random BERT of its shape): every weight of the backbone
+             trainable (token, position and segment embeddings, their layer
+             norm, all 6 transformer blocks) except the pooler, which the
+             head does not use; a Dense head on the [CLS] token; sequence
+             length 128, batch 32.
 
 For the DP variants that take the ghost path, the child also reports how
 each trainable variable's per-example blocks were computed
@@ -67,6 +75,7 @@ _VARIANTS = {
     "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure"],
     "cnn_accum": ["dpadam_corrected"],
     "lora": ["nonprivate", "dpadam_corrected"],
+    "full": ["nonprivate", "dpadam_corrected"],
 }
 # LoRA rank and target layers of the "lora" configuration.
 _LORA_RANK = 8
@@ -76,6 +85,12 @@ _LORA_TARGETS = ["query", "key", "value", "attention_output"]
 def _rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_seconds():
+    """CPU time of this process so far (all threads, user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _peak_rss_bytes():
@@ -111,8 +126,6 @@ def _cnn_setup(batch, steps):
 
 
 def _text_setup(batch, steps):
-    import numpy as np
-
     from examples import models
 
     try:
@@ -126,10 +139,16 @@ def _text_setup(batch, steps):
     model, preprocessor = models.make_text_classifier(
         preset, num_classes=3, sequence_length=128
     )
+    return (lambda: model), *_text_batch(preprocessor, batch)
+
+
+def _text_batch(preprocessor, batch):
+    """`(x, y)`: `batch` long sentences (128 tokens) and 3-class labels."""
+    import numpy as np
+
     x = preprocessor(["a fairly long sentence for the benchmark " * 20] * batch)
     x = {k: np.asarray(v) for k, v in x.items()}
-    y = np.random.default_rng(1).integers(0, 3, batch)
-    return (lambda: model), x, y
+    return x, np.random.default_rng(1).integers(0, 3, batch)
 
 
 def _minilm_shaped_bert(sequence_length):
@@ -147,22 +166,40 @@ def _minilm_shaped_bert(sequence_length):
         )
 
 
-def _lora_setup(batch, steps):
+def _cls_head_setup(batch, prepare):
+    """MiniLM (seq 128) with a Dense head on the [CLS] token, `prepare`
+    called on the backbone first (to choose what is trainable)."""
     import keras
-    import numpy as np
 
     from examples import models
 
     backbone, preprocessor = _minilm_shaped_bert(128)
-    backbone.enable_lora(_LORA_RANK, target_layer_names=_LORA_TARGETS)
+    prepare(backbone)
     inputs = {name: keras.Input((128,), dtype="int32", name=name)
               for name in models.TEXT_INPUTS}
     cls = backbone(inputs)["sequence_output"][:, 0, :]
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(cls))
-    x = preprocessor(["a fairly long sentence for the benchmark " * 20] * batch)
-    x = {k: np.asarray(v) for k, v in x.items()}
-    y = np.random.default_rng(1).integers(0, 3, batch)
-    return (lambda: model), x, y
+    return (lambda: model), *_text_batch(preprocessor, batch)
+
+
+def _lora_setup(batch, steps):
+    return _cls_head_setup(batch, lambda backbone: backbone.enable_lora(
+        _LORA_RANK, target_layer_names=_LORA_TARGETS))
+
+
+def _full_setup(batch, steps):
+    def prepare(backbone):
+        # Every weight trainable, except the pooler: the head reads the
+        # [CLS] token of the sequence output, so the pooler gets no gradient.
+        backbone.trainable = True
+        backbone.get_layer("pooled_dense").trainable = False
+
+    return _cls_head_setup(batch, prepare)
+
+
+# The configurations of a BERT text model (batch 32 instead of 256) and their
+# setups; the others are the CNN's.
+_TEXT_SETUPS = {"text": _text_setup, "lora": _lora_setup, "full": _full_setup}
 
 
 def _block_modes(model, x, y):
@@ -196,9 +233,9 @@ def _child(spec):
     import tf_dpadam
 
     tf.get_logger().setLevel("ERROR")
-    physical = 32 if config in ("text", "lora") else 256
+    physical = 32 if config in _TEXT_SETUPS else 256
     accumulation = 8 if config == "cnn_accum" else 1
-    setup = {"text": _text_setup, "lora": _lora_setup}.get(config, _cnn_setup)
+    setup = _TEXT_SETUPS.get(config, _cnn_setup)
     build, x, y = setup(physical, FLAGS.steps)
     model = build()
     unwrapped = model
@@ -233,13 +270,18 @@ def _child(spec):
     if tensors_before is not None:
         tf.config.experimental.reset_memory_stats("CPU:0")
     timed = FLAGS.steps * accumulation
+    cpu_start = _cpu_seconds()
     model.fit(dataset, steps_per_epoch=timed, verbose=0, callbacks=[Timer()])
+    cpu_per_step = (_cpu_seconds() - cpu_start) / timed
     tensor_peak = _allocator_info()
     peak_rss = _peak_rss_bytes()
     clipping = getattr(model, "clipping_used", None)
     # Traced after the timed steps (not timed, nothing runs).
     modes = (_block_modes(unwrapped, x, y) if clipping == "ghost"
              and accumulation == 1 else None)
+    # The rule of each layer: ghost (which) or fallback (why).
+    rules = (tf_dpadam.ghost_clipping.describe(unwrapped) if modes
+             else None)
     # Time per physical batch; a logical step of cnn_accum is 8 of them.
     return {
         "config": config,
@@ -249,6 +291,12 @@ def _child(spec):
         "logical_batch": physical * accumulation,
         "clipping": clipping,
         "median_step_seconds": statistics.median(times),
+        # On a machine shared with other processes the wall time grows with
+        # their load; the CPU time this process spent (mean over the timed
+        # steps, all its threads) much less so. The 1-minute load average
+        # at the end of the timed steps says how shared the machine was.
+        "cpu_seconds_per_step": cpu_per_step,
+        "load_average": os.getloadavg()[0],
         "peak_extra_bytes": peak_rss - baseline,
         # The most bytes of tensors alive at once during the timed steps,
         # above those alive before training (weights, data).
@@ -260,6 +308,7 @@ def _child(spec):
             sum(np.prod(v.shape) for v in model.trainable_variables)
         ),
         "block_modes": modes,
+        "layer_rules": rules,
     }
 
 
@@ -301,6 +350,8 @@ def _ratios(results):
             "clipping": r["clipping"],
             "jit": r["jit"],
             "time_ratio": r["median_step_seconds"] / ref["median_step_seconds"],
+            "cpu_time_ratio": r["cpu_seconds_per_step"]
+            / ref["cpu_seconds_per_step"],
             "memory_ratio": max(r["peak_extra_bytes"], 1)
             / max(ref["peak_extra_bytes"], 1),
             "tensor_memory_ratio": (
@@ -317,15 +368,19 @@ def _ratios(results):
     return rows
 
 
-def _modes_summary(block_modes):
-    """One line per (layer name, weight modes), counting the layers."""
+def _modes_summary(block_modes, rules=None):
+    """One line per (layer name, weight modes), counting the layers, with
+    the rule of that name (`rules`, from `ghost_clipping.describe`)."""
     counts = {}
     for layer, weights in block_modes.items():
         name = layer.rsplit("/", 1)[-1]
         key = (name, tuple(sorted(weights.items())))
         counts[key] = counts.get(key, 0) + 1
+    rules = rules or {}
     return [
-        f"{name} x{n}: " + ", ".join(f"{w} {m}" for w, m in weights)
+        f"{name} x{n}"
+        + (f" [{rules[name]}]" if name in rules else "") + ": "
+        + ", ".join(f"{w} {m}" for w, m in weights)
         for (name, weights), n in sorted(counts.items())
     ]
 
@@ -351,13 +406,15 @@ def main(argv):
                 print(f"{result['config']:9s} jit={str(jit):5s}"
                       f" {result['variant']:27s}"
                       f" {result['median_step_seconds'] * 1000:9.1f} ms/step"
+                      f" (CPU {result['cpu_seconds_per_step'] * 1000:.0f} ms,"
+                      f" load {result['load_average']:.1f})"
                       f" peak +{result['peak_extra_bytes'] / 2**20:8.1f} MiB"
                       f" RSS, {_mib(result['tensor_peak_extra_bytes'])}"
                       " tensors", flush=True)
     rows = _ratios(results)
     print("\nDP-AdamCorrected / non-private Adam (same machine, same run):")
     print(f"{'config':10s} {'variant':27s} {'clipping':11s} {'jit':5s}"
-          f" {'time x':>7s}"
+          f" {'time x':>7s} {'CPU x':>7s}"
           f" {'RSS x':>7s} {'tensors x':>10s}")
     for row in rows:
         note = " (per physical batch of 256; memory vs non-private b=256)" \
@@ -366,13 +423,15 @@ def main(argv):
         print(f"{row['config']:10s} {row['variant']:27s}"
               f" {row['clipping']:11s}"
               f" {str(row['jit']):5s}"
-              f" {row['time_ratio']:7.2f} {row['memory_ratio']:7.2f}"
+              f" {row['time_ratio']:7.2f} {row['cpu_time_ratio']:7.2f}"
+              f" {row['memory_ratio']:7.2f}"
               f" {'n/a' if tensors is None else f'{tensors:.2f}':>10s}{note}")
     for r in results:
         if r.get("block_modes"):
             print(f"\nGhost clipping's blocks ({r['config']},"
                   f" {r['variant']}, jit={r['jit']}): layers by name")
-            for line in _modes_summary(r["block_modes"]):
+            for line in _modes_summary(r["block_modes"],
+                                       r.get("layer_rules")):
                 print("  " + line)
     if FLAGS.output:
         with open(FLAGS.output, "w") as f:
