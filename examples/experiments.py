@@ -13,6 +13,7 @@ import math
 import os
 
 from examples import common
+from examples import finetune as finetune_lib
 from examples import runs
 from examples.runs import Setting
 
@@ -81,6 +82,8 @@ class Plan:
     seeds: tuple
     runs_dir: str
     data: dict
+    # The learning rate of the non-private ceiling run (None: no ceiling).
+    ceiling_learning_rate: float | None = None
 
     @property
     def tune_seed(self):
@@ -108,7 +111,8 @@ def make_grid(optimizer, learning_rates, gammas=(None,)):
                  for g in gammas for lr in learning_rates)
 
 
-def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data):
+def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
+              ceiling_learning_rate=None):
     """A `Plan`; learning_rates / gammas: optimizer -> values."""
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}; expected one of "
@@ -123,8 +127,12 @@ def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data):
                         gammas.get(name, (None,)))
         for name in common.OPTIMIZER_NAMES
     }
+    if ceiling_learning_rate is not None and not ceiling_learning_rate > 0:
+        raise ValueError(f"Expected ceiling_learning_rate="
+                         f"{ceiling_learning_rate!r} > 0.")
     return Plan(task=task, base=base, grids=grids, seeds=seeds,
-                runs_dir=runs_dir, data=dict(data))
+                runs_dir=runs_dir, data=dict(data),
+                ceiling_learning_rate=ceiling_learning_rate)
 
 
 def planned_config(plan, setting, seed):
@@ -185,6 +193,60 @@ def best_of_tuning(plan, records):
     return {name: s for name, (s, _) in pick_best(scored).items()}
 
 
+# The non-private ceiling: Adam (gamma outside the root) on the DP runs'
+# Poisson batches and steps, with no noise and a clip norm no gradient
+# reaches, so the per-example clipping changes nothing.
+CEILING_GAMMA = 1e-8
+CEILING_CLIP = 1e9
+
+
+def ceiling_config(plan, steps, num_examples):
+    """The `TrainConfig` of the non-private ceiling run of `plan`: the DP
+    runs' `steps` over `num_examples` (as epochs), the first seed."""
+    seed = plan.tune_seed
+    lr = plan.ceiling_learning_rate
+    return dataclasses.replace(
+        plan.base, optimizer="dpadam", learning_rate=lr,
+        epsilon=CEILING_GAMMA, l2_norm_clip=CEILING_CLIP,
+        noise_multiplier=0.0, target_epsilon=None,
+        epochs=steps * plan.base.batch_size / num_examples, seed=seed,
+        noise_seed=seed,
+        model_dir=os.path.join(plan.runs_dir,
+                               f"nonprivate_adam_lr{lr:g}_seed{seed}"))
+
+
+def _ceiling_steps(records):
+    """`(steps, num_examples)` of the finished DP runs (None if none)."""
+    sizes = {(r.steps, r.num_examples) for r in records.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"The runs differ in steps or examples ({sizes}).")
+    return sizes.pop() if sizes else None
+
+
+def collect_ceiling(plan, records):
+    """The finished ceiling run (a `runs.Record`), or None."""
+    sizes = _ceiling_steps(records)
+    if plan.ceiling_learning_rate is None or sizes is None:
+        return None
+    config = ceiling_config(plan, *sizes)
+    return runs.load_record(config.model_dir, config, plan.data)
+
+
+def run_ceiling(plan, train_fn, *, command, machine):
+    """Trains (or reads back) the non-private ceiling run of `plan`, with
+    as many steps as its finished DP runs."""
+    if plan.ceiling_learning_rate is None:
+        raise ValueError("The ceiling needs a learning rate "
+                         "(--ceiling_learning_rate).")
+    sizes = _ceiling_steps(collect(plan))
+    if sizes is None:
+        raise ValueError("The ceiling takes the steps of the DP runs: run "
+                         "--phase=tune first.")
+    config = ceiling_config(plan, *sizes)
+    return runs.execute(config.model_dir, config, data=plan.data,
+                        train_fn=train_fn, command=command, machine=machine)
+
+
 def run_phase(plan, train_fn, phase, *, command, machine):
     """Trains (or reads back) the runs of `phase` of the plan.
 
@@ -192,11 +254,13 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         plan: a `Plan`.
         train_fn: config -> results; only called for unfinished runs.
         phase: "tune" (the grids at the first seed), "seeds" (the best
-            setting of each optimizer with every seed), "all" (both) or
-            "report" (nothing to train; the run folders are only checked).
+            setting of each optimizer with every seed), "ceiling" (the
+            non-private run, `run_ceiling`), "all" (the three; the
+            ceiling only if the plan has its learning rate) or "report"
+            (nothing to train; the run folders are only checked).
         command, machine: saved with each run, for the reports.
     """
-    if phase not in ("tune", "seeds", "all", "report"):
+    if phase not in ("tune", "seeds", "ceiling", "all", "report"):
         raise ValueError(f"Unknown phase {phase!r}.")
     # Check every run folder first: a mismatch fails before any training.
     collect(plan)
@@ -217,11 +281,14 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         for setting in best_of_tuning(plan, records).values():
             for seed in plan.seeds:
                 execute_run(plan, setting, seed, train_fn, command, machine)
+    if phase == "ceiling" or (phase == "all"
+                              and plan.ceiling_learning_rate is not None):
+        run_ceiling(plan, train_fn, command=command, machine=machine)
 
 
 def data_spec(task, *, max_examples=None, max_test_examples=None,
               preset=None, sequence_length=None, cache_frozen=True,
-              lora_rank=None):
+              lora_rank=None, finetune_blocks=None):
     """What identifies the data of a run (saved with it)."""
     spec = {"task": task, "dataset": TASKS[task]["dataset"],
             "max_examples": max_examples}
@@ -229,15 +296,19 @@ def data_spec(task, *, max_examples=None, max_test_examples=None,
         finetune = finetune_of(task)
         spec.update(max_test_examples=max_test_examples, preset=preset,
                     sequence_length=sequence_length,
-                    cache_frozen=cache_frozen and finetune == "last_block")
+                    cache_frozen=cache_frozen and finetune_lib.cacheable(
+                        finetune, finetune_blocks))
         if finetune == "lora":
             spec.update(lora_rank=lora_rank)
+        if finetune_blocks is not None:
+            # Only when set: runs made before the flag keep their spec.
+            spec.update(finetune_blocks=finetune_blocks)
     return spec
 
 
 def make_train_fn(task, *, data_dir=None, max_examples=None,
                   max_test_examples=None, preset=None, sequence_length=128,
-                  cache_frozen=True, lora_rank=None):
+                  cache_frozen=True, lora_rank=None, finetune_blocks=None):
     """config -> results of one run of `task` (imports the binary it uses).
 
     For sst2 with `cache_frozen`, the frozen features are computed once and
@@ -259,6 +330,8 @@ def make_train_fn(task, *, data_dir=None, max_examples=None,
         finetune = {"finetune": finetune_of(task)}
         if lora_rank is not None:
             finetune.update(lora_rank=lora_rank)
+        if finetune_blocks is not None:
+            finetune.update(finetune_blocks=finetune_blocks)
         return lambda config: train_text.run(
             "sst2_tsv", data_dir or DEFAULT_SST2_DIR, preset,
             sequence_length, config, max_examples=max_examples,

@@ -16,7 +16,10 @@ Three modes (`train_text --finetune`):
 
 LoRA and full fine-tuning keep the pretrained weights (nothing is
 re-initialized) and put the head on the final [CLS] state, as last-block
-does.
+does. Both can be limited to the top `blocks` transformer blocks: the
+embeddings and the blocks below are then frozen, as in last-block's model
+(`models.make_text_classifier`), and `train_text` can run them once over
+the data and train on their cached outputs.
 """
 
 import keras
@@ -28,7 +31,7 @@ FINETUNE_MODES = ("last_block", "lora", "full")
 LORA_TARGETS = ("query", "key", "value", "attention_output")
 
 
-def check_finetune(finetune, lora_rank):
+def check_finetune(finetune, lora_rank, blocks=None):
     """Raises a ValueError naming the bad argument."""
     if finetune not in FINETUNE_MODES:
         raise ValueError(
@@ -36,10 +39,26 @@ def check_finetune(finetune, lora_rank):
     if not isinstance(lora_rank, int) or lora_rank < 1:
         raise ValueError(
             f"Expected lora_rank={lora_rank!r} to be a positive integer.")
+    if blocks is not None:
+        if not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(
+                f"Expected finetune_blocks={blocks!r} to be a positive"
+                " integer or None (every block).")
+        if finetune == "last_block" and blocks != 1:
+            raise ValueError(
+                f"finetune_blocks={blocks} is for finetune='lora' or"
+                " 'full'; 'last_block' trains one re-initialized block.")
+
+
+def cacheable(finetune, blocks):
+    """Whether the model has a frozen lower part whose outputs can be
+    cached (`models.split_text_classifier`)."""
+    return finetune == "last_block" or blocks is not None
 
 
 def make_classifier(preset, num_classes, finetune="last_block",
-                    sequence_length=128, lora_rank=8, seed=0, dropout=0.1):
+                    sequence_length=128, lora_rank=8, seed=0, dropout=0.1,
+                    blocks=None):
     """`(model, preprocessor)`: a BERT classifier that trains `finetune`.
 
     Args:
@@ -48,6 +67,11 @@ def make_classifier(preset, num_classes, finetune="last_block",
             `(backbone, preprocessor)` pair).
         finetune: "last_block", "lora" or "full" (module docstring).
         lora_rank: the rank of the LoRA factors ("lora" only).
+        blocks: "lora" and "full": how many top transformer blocks train
+            (None: the whole backbone; else the embeddings and the blocks
+            below are frozen, and the model is laid out as
+            `models.make_text_classifier`'s, whose frozen part
+            `models.split_text_classifier` can cache).
 
     Returns:
         The model maps the preprocessor's token dict to logits. For "lora"
@@ -55,11 +79,15 @@ def make_classifier(preset, num_classes, finetune="last_block",
         (not a nested backbone), so a private model saves and reloads it
         with its LoRA factors and frozen flags (`tf_dpadam.lora_state`).
     """
-    check_finetune(finetune, lora_rank)
+    check_finetune(finetune, lora_rank, blocks)
     if finetune == "last_block":
         return models.make_text_classifier(
             preset, num_classes, sequence_length=sequence_length, seed=seed,
             dropout=dropout)
+    if blocks is not None:
+        return _make_top_blocks_classifier(
+            preset, num_classes, finetune, sequence_length, lora_rank, seed,
+            dropout, blocks)
     if isinstance(preset, (tuple, list)):
         backbone, preprocessor = preset
     else:
@@ -83,4 +111,35 @@ def make_classifier(preset, num_classes, finetune="last_block",
     )(cls)
     model = keras.Model(backbone.input, logits,
                         name=f"bert_classifier_{finetune}")
+    return model, preprocessor
+
+
+def _make_top_blocks_classifier(preset, num_classes, finetune,
+                                sequence_length, lora_rank, seed, dropout,
+                                blocks):
+    """`make_classifier` that trains the top `blocks` blocks only."""
+    model, preprocessor = models.make_text_classifier(
+        preset, num_classes, sequence_length=sequence_length,
+        trainable_layers=blocks, seed=seed, dropout=dropout,
+        reinitialize=False)
+    if finetune == "lora":
+        import keras_hub  # Only the text models need it.
+
+        # As keras-hub's `Backbone.enable_lora`, on these blocks only:
+        # everything in them frozen but the targets' factors and biases.
+        # pylint: disable-next=protected-access
+        with models._python_random_seed(seed):
+            for block in model.layers:
+                if not isinstance(block,
+                                  keras_hub.layers.TransformerEncoder):
+                    continue
+                # pylint: disable-next=protected-access
+                sublayers = block._flatten_layers(include_self=False)
+                for layer in sublayers:
+                    layer.trainable = False
+                # pylint: disable-next=protected-access
+                for layer in block._flatten_layers(include_self=False):
+                    if layer.name in LORA_TARGETS:
+                        layer.trainable = True
+                        layer.enable_lora(lora_rank)
     return model, preprocessor

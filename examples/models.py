@@ -310,7 +310,8 @@ def freeze_bert_backbone(backbone, trainable_layers):
 
 
 def make_text_classifier(preset, num_classes, sequence_length=128,
-                         trainable_layers=1, seed=0, dropout=0.1):
+                         trainable_layers=1, seed=0, dropout=0.1,
+                         reinitialize=True):
     """A BERT classifier with frozen lower layers and re-initialized top.
 
     The backbone's embeddings and all its transformer blocks but the last
@@ -342,6 +343,8 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
         seed: seeds the re-initialization, the head's initializer and its
             dropout.
         dropout: dropout rate before the head.
+        reinitialize: False keeps the top blocks' pretrained weights
+            (`examples.finetune` fine-tunes them).
 
     Returns:
         `(model, preprocessor)`: `model` is a functional Keras model from
@@ -363,7 +366,7 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
             f" backbone's max_sequence_length {backbone.max_sequence_length}."
         )
     blocks = freeze_bert_backbone(backbone, trainable_layers)
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(blocks if reinitialize else ()):
         reinitialize_layer(block, seed=seed * 1000 + i)
 
     # The frozen part (embeddings and the lower blocks) is one nested

@@ -13,9 +13,13 @@ protocol on the data this project has offline: Fashion-MNIST for the CNN
    grid (the paper's coarse granularity: powers of 10) at the first seed.
 2. `--phase=seeds`: the best setting of each optimizer (by final test
    accuracy, as the paper reports) with every seed of `--seeds`.
-3. `--phase=report`: writes `<output_dir>/RESULTS_<task>.md` and its plots
+3. `--phase=ceiling` (with `--ceiling_learning_rate`): one non-private
+   run (Adam, sigma = 0, no clipping) with the DP runs' steps, the ceiling
+   that the private runs are reported against.
+4. `--phase=report`: writes `<output_dir>/RESULTS_<task>.md` and its plots
    from the runs on disk, without training. `tune` and `seeds` write it too;
-   `--phase=all` does the three in turn.
+   `--phase=all` does them in turn (the ceiling if its learning rate is
+   given).
 
 Every run lives in `<runs_dir>/<name>` (the `model_dir` of
 `examples.training.fit_private`): a finished run is read back instead of being
@@ -60,10 +64,18 @@ def define_flags():
                       "experiment: last block and head); sst2_lora,"
                       " sst2_full: the same data, LoRA or full fine-tuning"
                       " of the pretrained BERT (examples.finetune).")
-    flags.DEFINE_enum("phase", "all", ["tune", "seeds", "all", "report"],
+    flags.DEFINE_enum("phase", "all",
+                      ["tune", "seeds", "ceiling", "all", "report"],
                       "tune: the grid at the first seed; seeds: the best "
-                      "setting with every seed; report: only write the "
-                      "report; all: the three.")
+                      "setting with every seed; ceiling: the non-private "
+                      "run (--ceiling_learning_rate); report: only write "
+                      "the report; all: all of them.")
+    flags.DEFINE_float("ceiling_learning_rate", None,
+                       "The non-private ceiling: one run of Adam without "
+                       "clipping or noise (sigma = 0, C = 1e9), with the DP "
+                       "runs' Poisson batches and steps, at this learning "
+                       "rate; reported beside them. Also give it to "
+                       "--phase=report.")
     flags.DEFINE_string("output_dir", None,
                         "Where RESULTS_<task>.md and its plots go (default: "
                         "docs/ in the repository).")
@@ -86,6 +98,10 @@ def define_flags():
                       "top on its outputs (see examples.train_text).")
     flags.DEFINE_integer("lora_rank", 8,
                          "sst2_lora: rank of the LoRA factors.")
+    flags.DEFINE_integer("finetune_blocks", None,
+                         "sst2_lora, sst2_full: fine-tune only the top this"
+                         " many transformer blocks (default: all); the"
+                         " blocks below are frozen and cached.")
     flags.DEFINE_list("seeds", ["0", "1", "2"],
                       "Seeds of the final runs; tuning uses the first. A "
                       "run's seed also keys its DP noise and sampling "
@@ -108,11 +124,14 @@ def define_flags():
     for name in ("learning_rates_dpsgd", "learning_rates_dpadam",
                  "learning_rates_dpadam_corrected"):
         shared_flags.check_list_flag(name, positive)
+    shared_flags.check_flag("ceiling_learning_rate",
+                            validation.check_positive)
     for name in ("gammas_dpadam", "gammas_dpadam_corrected"):
         shared_flags.check_list_flag(name, shared_flags.check_gamma)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
-    for name in ("sequence_length", "max_test_examples", "lora_rank"):
+    for name in ("sequence_length", "max_test_examples", "lora_rank",
+                 "finetune_blocks"):
         shared_flags.check_flag(name, validation.check_positive_int)
 
 
@@ -145,6 +164,11 @@ def main(argv):
     paper_gamma = common.PAPER_DEFAULTS[dataset]["epsilon"]
     lora_rank = (FLAGS.lora_rank
                  if experiments.finetune_of(task) == "lora" else None)
+    finetune_blocks = FLAGS.finetune_blocks
+    if (finetune_blocks is not None
+            and experiments.finetune_of(task) == "last_block"):
+        raise app.UsageError(
+            "--finetune_blocks is for --task=sst2_lora or sst2_full.")
     try:
         base = shared_flags.base_config_from_flags(dataset)
         learning_rates = {
@@ -168,18 +192,20 @@ def main(argv):
             task, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
-            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank)
+            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank,
+            finetune_blocks=finetune_blocks)
         plan = experiments.make_plan(
             task, base=base, learning_rates=learning_rates, gammas=gammas,
             seeds=FLAGS.seeds,
             runs_dir=(FLAGS.runs_dir
                       or os.path.join(experiments.ROOT, "runs", task)),
-            data=spec)
+            data=spec, ceiling_learning_rate=FLAGS.ceiling_learning_rate)
         train_fn = experiments.make_train_fn(
             task, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
-            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank)
+            cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank,
+            finetune_blocks=finetune_blocks)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     output_dir = FLAGS.output_dir or os.path.join(experiments.ROOT, "docs")

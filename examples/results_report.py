@@ -31,10 +31,16 @@ def describe_data(data, records):
                  f"backbone {backbone}")
         if data.get("lora_rank"):
             text += f"; LoRA rank {data['lora_rank']}"
+        blocks = data.get("finetune_blocks")
+        if blocks:
+            text += (f"; only the top {blocks} transformer blocks fine-tuned,"
+                     " the embeddings and the blocks below frozen")
         if data.get("cache_frozen"):
+            trained = (f"the top {blocks} blocks" if blocks
+                       else "the last block")
             text += ("; the frozen embeddings and lower blocks ran once "
                      "(inference mode, so without their dropout) and the "
-                     "runs trained the last block and head on their cached "
+                     f"runs trained {trained} and head on their cached "
                      "outputs (same per-example gradients and privacy)")
         if data.get("max_test_examples"):
             text += (f"; evaluated on {data['max_test_examples']} dev "
@@ -60,7 +66,8 @@ def describe_steps(records, few=100):
     return text
 
 
-def render_markdown(*, plan, records, best, command, machine, plots):
+def render_markdown(*, plan, records, best, command, machine, plots,
+                    ceiling=None):
     """The report as markdown text.
 
     Args:
@@ -70,6 +77,7 @@ def render_markdown(*, plan, records, best, command, machine, plots):
         command: the command line that writes this report.
         machine: `machine_info()` of this process.
         plots: `{"curves": file, "tuning": file}` relative to the report.
+        ceiling: the `Record` of the non-private run, if any.
     """
     task = experiments.TASKS[plan.task]
     paper = comparison.PAPER_RESULTS[task["paper_dataset"]]
@@ -147,6 +155,7 @@ def render_markdown(*, plan, records, best, command, machine, plots):
         lines.append(f"| {label} | {lr} | {gamma} | {n} | {acc} | {eps} | "
                      f"{paper[name]:.2f} |")
     lines += ["", verdict(plan, rows), ""]
+    lines += ceiling_lines(plan, ceiling, rows)
     edges = [common.OPTIMIZER_NAMES[n] for n, s in best.items()
              if comparison.at_grid_edge(s, plan.grids[n])]
     if edges:
@@ -194,17 +203,42 @@ def render_markdown(*, plan, records, best, command, machine, plots):
         "| run | seed | test accuracy (%) | ε | steps | wall (s) | resumed |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in sorted(records):
-        r = records[name]
+    every = dict(records)
+    if ceiling is not None:
+        every[ceiling.name] = ceiling
+    for name in sorted(every):
+        r = every[name]
         lines.append(f"| `{name}` | {r.seed} | "
                      f"{runs.format_percent(r.accuracy)} | "
                      f"{r.epsilon:.3f} | {r.steps} | "
                      f"{runs.format_seconds(r.wall_seconds)} | "
                      f"{'yes' if r.resumed else 'no'} |")
-    total = sum(r.wall_seconds or 0.0 for r in records.values())
+    total = sum(r.wall_seconds or 0.0 for r in every.values())
     lines += ["", f"Total wall time: {total:.0f} s ({total / 3600:.2f} h) "
-              f"over {len(records)} runs.", ""]
+              f"over {len(every)} runs.", ""]
     return "\n".join(lines)
+
+
+def ceiling_lines(plan, ceiling, rows):
+    """The report's paragraph on the non-private ceiling run."""
+    if plan.ceiling_learning_rate is None:
+        return []
+    if ceiling is None:
+        return [f"Non-private ceiling (Adam, lr "
+                f"{plan.ceiling_learning_rate:g}): not run yet.", ""]
+    text = (f"**Non-private ceiling:** {runs.format_percent(ceiling.accuracy)}"
+            f"% (one run, seed {ceiling.seed}: Adam at lr "
+            f"{ceiling.setting.learning_rate:g}, γ = "
+            f"{runs.format_gamma(ceiling.setting)}, without clipping or "
+            f"noise, on the same Poisson batches for the same {ceiling.steps}"
+            " steps; untuned).")
+    if rows:
+        name, row = max(rows.items(), key=lambda item: item[1]["mean"])
+        text += (f" The best private optimizer, "
+                 f"{common.OPTIMIZER_NAMES[name]}, is "
+                 f"{100 * (ceiling.accuracy - row['mean']):.2f} points below"
+                 " it.")
+    return [text, ""]
 
 
 def best_rows(plan, records, best):
@@ -242,7 +276,8 @@ def verdict(plan, rows):
         task["paper_dataset"], task["name"])
 
 
-def summary_record(plan, records, best, command, machine, files):
+def summary_record(plan, records, best, command, machine, files,
+                   ceiling=None):
     """What RESULTS.md shows of one task (saved as RESULTS_<task>.json)."""
     task = experiments.TASKS[plan.task]
     base = plan.base
@@ -252,6 +287,9 @@ def summary_record(plan, records, best, command, machine, files):
         "name": task["name"],
         "paper_dataset": task["paper_dataset"],
         "optimizers": rows,
+        **({} if ceiling is None else {"ceiling": {
+            "accuracy": ceiling.accuracy,
+            "learning_rate": ceiling.setting.learning_rate}}),
         "verdict": verdict(plan, rows),
         "privacy": {
             "l2_norm_clip": base.l2_norm_clip,
@@ -303,6 +341,13 @@ def render_index(summaries):
                 f" ({row['seeds']} seeds, lr {row['learning_rate']:g})")
         cells += [f"{comparison.PAPER_RESULTS[p][name]:.2f}" for p in papers]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any(s.get("ceiling") for s in summaries):
+        cells = ["not run" if not s.get("ceiling") else
+                 f"{runs.format_percent(s['ceiling']['accuracy'])} (1 seed,"
+                 f" lr {s['ceiling']['learning_rate']:g})"
+                 for s in summaries]
+        lines.append("| Non-private Adam (ceiling, ε = ∞) | "
+                     + " | ".join(cells + ["" for _ in papers]) + " |")
     for summary in summaries:
         privacy = summary["privacy"]
         machine = summary["machine"] or {}
@@ -353,6 +398,7 @@ def write_report(plan, output_dir, command, machine):
     os.makedirs(output_dir, exist_ok=True)
     records = experiments.collect(plan)
     best = experiments.best_of_tuning(plan, records)
+    ceiling = experiments.collect_ceiling(plan, records)
     stem = f"RESULTS_{plan.task}"
     pngs = {"curves": f"{stem}_curves.png", "tuning": f"{stem}_tuning.png"}
     plots.plot_curves(os.path.join(output_dir, pngs["curves"]), plan,
@@ -362,9 +408,9 @@ def write_report(plan, output_dir, command, machine):
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_markdown(plan=plan, records=records, best=best,
                                 command=command, machine=machine,
-                                plots=pngs))
+                                plots=pngs, ceiling=ceiling))
     summary = summary_record(plan, records, best, command, machine,
-                             {"report": f"{stem}.md", **pngs})
+                             {"report": f"{stem}.md", **pngs}, ceiling)
     with open(os.path.join(output_dir, f"{stem}.json"), "w",
               encoding="utf-8") as f:
         json.dump(summary, f, indent=1, ensure_ascii=False)

@@ -12,7 +12,10 @@ network, `--preset=bert_base_en_uncased` is the paper's BERT-base. Unset
 hyperparameters take the paper's SNLI values (see
 `examples.common.PAPER_DEFAULTS`).
 
-With last_block and --cache_frozen (default) the frozen embeddings and lower blocks run once
+`--finetune_blocks=k` limits lora and full to the top k blocks.
+
+With last_block or --finetune_blocks, and --cache_frozen (default), the
+frozen embeddings and lower blocks run once
 over the data, and the private steps train the last block and head on their
 outputs: the same per-example gradients and privacy at a fraction of the
 cost (all-MiniLM-L6-v2, 32 tokens, B=256: ~0.6 s a step on 2 CPU cores
@@ -69,14 +72,21 @@ def define_flags():
                       " (every weight).")
     flags.DEFINE_integer("lora_rank", 8, "Rank of the LoRA factors"
                          " (--finetune=lora).")
+    flags.DEFINE_integer("finetune_blocks", None,
+                         "--finetune=lora or full: train only the top this"
+                         " many transformer blocks (default: all); the"
+                         " embeddings and the blocks below stay frozen (and"
+                         " cached with --cache_frozen).")
     flags.DEFINE_bool("cache_frozen", True,
-                      "With --finetune=last_block: run the frozen embeddings"
-                      " and lower blocks once over the data and train on"
-                      " their outputs (same gradients and privacy, much"
-                      " faster; frozen dropout off). Ignored otherwise.")
+                      "With --finetune=last_block or --finetune_blocks: run"
+                      " the frozen embeddings and lower blocks once over the"
+                      " data and train on their outputs (same gradients and"
+                      " privacy, much faster; frozen dropout off). Ignored"
+                      " otherwise.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
-    for name in ("sequence_length", "max_test_examples", "lora_rank"):
+    for name in ("sequence_length", "max_test_examples", "lora_rank",
+                 "finetune_blocks"):
         shared_flags.check_flag(name, validation.check_positive_int)
 
 
@@ -90,7 +100,8 @@ CLASSIFIER_FILE = "text_classifier.keras"
 def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
         cache_frozen=True, feature_cache=None, data_source=None,
-        finetune="last_block", lora_rank=8, **kwargs):
+        finetune="last_block", lora_rank=8, finetune_blocks=None,
+        **kwargs):
     """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
@@ -111,13 +122,15 @@ def run(dataset, data_dir, preset, sequence_length, config,
         data_source: a tfds text dataset read by random access instead
             (`datasets.text_data_source`; all its examples, tokenized per
             step, without the frozen-feature cache).
-        finetune, lora_rank: what trains (`examples.finetune`); the
-            frozen-feature cache applies to "last_block" only.
+        finetune, lora_rank, finetune_blocks: what trains
+            (`examples.finetune`); the frozen-feature cache applies to
+            "last_block" and to `finetune_blocks`.
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """
-    finetune_lib.check_finetune(finetune, lora_rank)
+    finetune_lib.check_finetune(finetune, lora_rank, finetune_blocks)
     build = functools.partial(finetune_lib.make_classifier,
-                              finetune=finetune, lora_rank=lora_rank)
+                              finetune=finetune, lora_rank=lora_rank,
+                              blocks=finetune_blocks)
     if data_source:
         return _run_on_source(data_source, data_dir, preset, sequence_length,
                               config, max_test_examples, backbone, build,
@@ -139,7 +152,8 @@ def run(dataset, data_dir, preset, sequence_length, config,
     x_test = datasets.preprocess(preprocessor, x_test)
     classifier = model
     on_trained = None
-    cache_frozen = cache_frozen and finetune == "last_block"
+    cache_frozen = cache_frozen and finetune_lib.cacheable(
+        finetune, finetune_blocks)
     if cache_frozen:
         # float32 features, and the copy the input pipeline makes of them.
         needed = (2 * 4 * (len(y_train) + len(y_test))
@@ -248,6 +262,7 @@ def main(argv):
                       cache_frozen=FLAGS.cache_frozen,
                       data_source=FLAGS.data_source,
                       finetune=FLAGS.finetune, lora_rank=FLAGS.lora_rank,
+                      finetune_blocks=FLAGS.finetune_blocks,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from absl.testing import absltest
 
+from examples import datasets
 from examples import finetune
 from examples import models
 from examples import train_text
@@ -51,10 +52,78 @@ class FinetuneModesTest(absltest.TestCase):
                 np.testing.assert_array_equal(
                     embedding.get_weights()[0],
                     pretrained[0])
+        with self.assertRaisesRegex(ValueError, "finetune_blocks=0"):
+            finetune.check_finetune("lora", 8, blocks=0)
+        with self.assertRaisesRegex(ValueError, "finetune_blocks=2"):
+            finetune.check_finetune("last_block", 8, blocks=2)
         with self.assertRaisesRegex(ValueError, "finetune='all'"):
             finetune.check_finetune("all", 8)
         with self.assertRaisesRegex(ValueError, "lora_rank=0"):
             finetune.check_finetune("lora", 0)
+
+    def test_top_blocks_of_each_mode(self):
+        """`blocks=1` of 3: only the top block (and the head) trains, with
+        its pretrained weights; the blocks below and the embeddings are
+        the frozen part that `split_text_classifier` caches."""
+        for mode in ("lora", "full"):
+            with self.subTest(mode):
+                backbone, preprocessor = models.make_tiny_bert(
+                    num_layers=3, sequence_length=8)
+                top_block = backbone.transformer_layers[-1]
+                pretrained = {v.path: v.numpy() for v in top_block.weights}
+                model, _ = finetune.make_classifier(
+                    (backbone, preprocessor), 2, finetune=mode, lora_rank=2,
+                    blocks=1)
+                trainable = [v.path for v in model.trainable_variables]
+                for path in trainable:
+                    self.assertTrue(
+                        path.startswith((top_block.name + "/", "head/")),
+                        path)
+                if mode == "lora":
+                    self._assert_lora_trainable(model, num_blocks=1)
+                else:
+                    top_weights = [v.path for v in top_block.weights]
+                    self.assertCountEqual(
+                        trainable, top_weights + ["head/kernel", "head/bias"])
+                # Not re-initialized (LoRA adds factors beside these).
+                after = {v.path: v.numpy() for v in top_block.weights}
+                for path, value in pretrained.items():
+                    np.testing.assert_array_equal(after[path], value, path)
+                frozen, top = models.split_text_classifier(model)
+                self.assertEmpty(frozen.trainable_variables)
+                self.assertCountEqual(
+                    [v.path for v in top.trainable_variables], trainable)
+
+    def test_cached_lora_top_block_run_saves_the_classifier(self):
+        """A LoRA run on the top block's cached inputs saves a classifier
+        (token ids in) that scores what the run reported."""
+        model_dir = tempfile.mkdtemp()
+        data_dir = helpers.write_sst2_tsv()
+        backbone = models.make_tiny_bert(sequence_length=16)
+        results = train_text.run(
+            "sst2_tsv", data_dir, None, 16,
+            helpers.train_config(epochs=2 * 16 / 48, physical_batch_size=16,
+                                 eval_every=100, model_dir=model_dir,
+                                 learning_rate=0.01),
+            backbone=backbone, finetune="lora", lora_rank=2,
+            finetune_blocks=1, cache_frozen=True)
+        self.assertEqual(results["steps"], 2)
+        checkpoint = keras.models.load_model(
+            os.path.join(model_dir, "checkpoint.keras"))
+        # The private model trained the top (features in), not the whole
+        # classifier.
+        self.assertIn("sequence", checkpoint.base_model.input)
+        self._assert_lora_trainable(checkpoint.base_model, num_blocks=1)
+        for path, value in _lora_factors(checkpoint.base_model).items():
+            self.assertGreater(np.abs(value).max(), 0.0, path)
+        classifier = keras.models.load_model(
+            os.path.join(model_dir, train_text.CLASSIFIER_FILE))
+        (_, (x_test, y_test)), _ = datasets.load_text_dataset(
+            "sst2_tsv", data_dir)
+        logits = classifier.predict(
+            datasets.preprocess(backbone[1], x_test), verbose=0)
+        accuracy = np.mean(np.argmax(logits, -1) == y_test)
+        self.assertAlmostEqual(accuracy, results["test_accuracy"], places=6)
 
     def test_lora_run_saves_its_factors(self):
         model_dir = tempfile.mkdtemp()

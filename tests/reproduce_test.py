@@ -57,7 +57,8 @@ class PipelineTest(absltest.TestCase):
                             "dpadam_corrected": (1e-3,)},
             gammas={"dpadam": (1e-8,), "dpadam_corrected": (None,)},
             seeds=(0,), runs_dir=runs_dir,
-            data=experiments.data_spec("fashion_mnist"))
+            data=experiments.data_spec("fashion_mnist"),
+            ceiling_learning_rate=1e-2)
         train = experiments.make_train_fn("fashion_mnist", data_dir=data_dir)
         trained = []
 
@@ -66,11 +67,26 @@ class PipelineTest(absltest.TestCase):
             return train(config)
 
         machine = {"platform": "test-machine", "cpu_count": 2}
+        with self.assertRaisesRegex(ValueError, "--phase=tune first"):
+            reproduce.reproduce(plan, train_fn, phase="ceiling",
+                                output_dir=output_dir, command="c",
+                                machine=machine)
         path = reproduce.reproduce(plan, train_fn, phase="all",
                                    output_dir=output_dir,
                                    command="python -m examples.reproduce",
                                    machine=machine)
-        self.assertLen(trained, 3)
+        self.assertLen(trained, 4)
+        # The ceiling: Adam without noise or clipping, the DP runs' steps.
+        ceiling = trained[-1]
+        self.assertEqual(
+            (ceiling.optimizer, ceiling.noise_multiplier,
+             ceiling.l2_norm_clip, ceiling.learning_rate,
+             ceiling.target_epsilon),
+            ("dpadam", 0.0, experiments.CEILING_CLIP, 1e-2, None))
+        ceiling_record = experiments.collect_ceiling(
+            plan, experiments.collect(plan))
+        self.assertEqual(ceiling_record.steps, 4)
+        self.assertEqual(ceiling_record.epsilon, float("inf"))
         records = experiments.collect(plan)
         self.assertLen(records, 3)
         for record in records.values():
@@ -85,9 +101,18 @@ class PipelineTest(absltest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(output_dir, name)))
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        for record in records.values():
+        for record in [*records.values(), ceiling_record]:
             self.assertIn(f"| `{record.name}` | 0 | "
                           f"{runs.format_percent(record.accuracy)} |", text)
+        self.assertIn("**Non-private ceiling:** "
+                      f"{runs.format_percent(ceiling_record.accuracy)}%",
+                      text)
+        with open(os.path.join(output_dir, "RESULTS.md"),
+                  encoding="utf-8") as f:
+            self.assertIn(
+                "| Non-private Adam (ceiling, ε = ∞) | "
+                f"{runs.format_percent(ceiling_record.accuracy)} (1 seed, "
+                "lr 0.01) |", f.read())
 
         # Finished runs are read back, never retrained.
         def refuse(config):
