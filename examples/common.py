@@ -80,6 +80,13 @@ class TrainConfig:
     # (Keras' `use_ema`, with this momentum); training runs on the raw ones.
     ema: bool = False
     ema_momentum: float = 0.999
+    # The image CNN's normalization (`examples.models.make_cnn`: "none", the
+    # paper's CNN, or "group") and augmentation multiplicity K (each
+    # example's gradient the mean over K augmented views; 0: no
+    # augmentation). Runs recorded before these fields read back as "none"
+    # and 0 (`runs.check_run_dir`); the text binary leaves them so.
+    normalization: str = "none"
+    augmult: int = 0
 
 
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,

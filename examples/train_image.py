@@ -8,6 +8,8 @@ epsilon stays within --target_epsilon, with Poisson-sampled batches, and
 prints the test accuracy and the epsilon spent.
 """
 
+import dataclasses
+
 from absl import app
 from absl import flags
 
@@ -56,15 +58,15 @@ FLAGS = flags.FLAGS
 
 
 def run(dataset, data_dir, config, max_examples=None, *,
-        max_test_examples=None, data_source=None, normalization="none",
-        augmult=0, **kwargs):
+        max_test_examples=None, data_source=None, **kwargs):
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
     all); with `data_source` (`datasets.image_data_source`) the training set
-    is read by random access instead (all of it); `normalization` is
-    `models.make_cnn`'s; `augmult` > 0 trains on that many augmented views
-    of each example (`models.image_augmentation`); `kwargs` go to
-    `fit_private` (`callbacks`, `max_steps`)."""
+    is read by random access instead (all of it); `config.normalization` is
+    `models.make_cnn`'s; `config.augmult` > 0 trains on that many augmented
+    views of each example (`models.image_augmentation`), so that the run's
+    record (metrics.json) says how it was trained; `kwargs` go to
+    `fit_private` (`callbacks`, `max_steps`, `measure`)."""
     if data_source:
         train, (x_test, y_test), num_classes = datasets.image_data_source(
             data_source, data_dir)
@@ -79,14 +81,14 @@ def run(dataset, data_dir, config, max_examples=None, *,
     if max_test_examples:
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
     return training.fit_private(
-        lambda: models.make_cnn(input_shape, num_classes, normalization),
+        lambda: models.make_cnn(input_shape, num_classes,
+                                config.normalization),
         train,
         (x_test, y_test),
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         augment=(models.image_augmentation(input_shape, seed=config.seed)
-                 if augmult else None),
-        augmult=max(augmult, 1),
+                 if config.augmult else None),
         **kwargs,
     )
 
@@ -95,7 +97,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     with shared_flags.usage_errors():
-        config = shared_flags.config_from_flags(FLAGS.dataset)
+        config = dataclasses.replace(
+            shared_flags.config_from_flags(FLAGS.dataset),
+            normalization=FLAGS.normalization, augmult=FLAGS.augmult)
     caps = shared_flags.smoke_test_caps()
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,
                                    hint=shared_flags.OFFLINE_IMAGES_HINT), \
@@ -104,8 +108,6 @@ def main(argv):
                       caps.examples(FLAGS.max_examples),
                       max_test_examples=caps.max_test_examples,
                       data_source=FLAGS.data_source,
-                      normalization=FLAGS.normalization,
-                      augmult=FLAGS.augmult,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

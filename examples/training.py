@@ -212,18 +212,22 @@ class AveragedEvaluation(keras.callbacks.Callback):
         self._restore_raw()
 
 
-def _check_averaging(optimizer, config):
-    """Raises `SettingsError` if a checkpoint's `optimizer` decays or
-    averages the weights otherwise than `config` says."""
+def _check_checkpoint(model, config):
+    """Raises `SettingsError` if a checkpoint's private `model` decays or
+    averages the weights, or augments the examples, otherwise than `config`
+    says."""
+    optimizer = model.optimizer
     saved = (optimizer.weight_decay or 0.0, optimizer.use_ema,
-             optimizer.ema_momentum if optimizer.use_ema else None)
+             optimizer.ema_momentum if optimizer.use_ema else None,
+             model.augmult)
     wanted = (config.weight_decay, config.ema,
-              config.ema_momentum if config.ema else None)
+              config.ema_momentum if config.ema else None,
+              max(config.augmult, 1))
     if saved != wanted:
         raise SettingsError(
             "The checkpoint in --model_dir was trained with (weight_decay,"
-            f" ema, ema_momentum) = {saved}, not {wanted}; use another"
-            " --model_dir.")
+            f" ema, ema_momentum, augmult) = {saved}, not {wanted}; use"
+            " another --model_dir.")
 
 
 def compile_private(model, config, loss, accumulation_steps):
@@ -267,7 +271,7 @@ def _write_metrics(model_dir, results, rows):
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                   callbacks=(), validate=True, max_steps=None, verbose=None,
-                  augment=None, augmult=1):
+                  augment=None, measure=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -287,9 +291,13 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         max_steps: stop after this many steps if the config plans more (a
             smoke test; the results are those of the steps taken).
         verbose: Keras' verbosity (None: `progress_verbosity()`).
-        augment, augmult: `make_private`'s augmentation multiplicity (each
-            example's gradient is the mean over `augmult` views made by
-            `augment`, clipped once; ε is unchanged).
+        augment: with `config.augmult` = K > 0, `make_private`'s
+            augmentation multiplicity: each example's gradient is the mean
+            over K views made by `augment`, clipped once (ε is unchanged).
+        measure: optional `f(model) -> dict` of more results, measured on
+            the trained private model (e.g. `final_moments`'s statistics of
+            the optimizer's state); stored with the results and in
+            metrics.json.
 
     Returns:
         `(model, batches, results)`: the trained private model (with
@@ -319,10 +327,11 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     if model is None:
         model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
                                        diagnostics=diagnostics,
-                                       augment=augment, augmult=augmult)
+                                       augment=augment,
+                                       augmult=max(config.augmult, 1))
         compile_private(model, config, loss, k)
     else:
-        _check_averaging(model.optimizer, config)
+        _check_checkpoint(model, config)
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
         delta=config.delta,
@@ -367,6 +376,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         "wall_seconds": wall,
         "history": step_log.rows,
     }
+    if measure is not None:
+        results.update(measure(model))
     if config.model_dir:
         _write_metrics(config.model_dir, results, step_log.rows)
     return model, batches, results
@@ -381,7 +392,8 @@ def fit_private(model_fn, train, test, config, loss, on_trained=None,
         on_trained: optional `f(model)` called with the trained private
             model (the checkpoint's, after a resume; with `config.ema`
             holding the averaged weights) before returning.
-        **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`.
+        **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`,
+            `augment`, `measure`.
     """
     model, _, results = train_private(model_fn, train, test, config, loss,
                                       **kwargs)

@@ -115,12 +115,15 @@ class ImageBinaryTest(absltest.TestCase):
             datasets.image_data_source("nowhere", data_dir)
 
     def test_augmult_trains_on_augmented_views(self):
-        config = helpers.train_config(epochs=2 * 16 / 64, eval_every=2)
+        config = helpers.train_config(epochs=2 * 16 / 64, eval_every=2,
+                                      augmult=2)
         with tfds.testing.mock_data(num_examples=64), \
                 mock.patch.object(tf_dpadam, "make_private",
                                   wraps=tf_dpadam.make_private) as private:
-            results = train_image.run("cifar10", None, config, augmult=2)
+            results = train_image.run("cifar10", None, config)
         self.assertEqual(results["steps"], 2)
+        # The record says how the run was trained.
+        self.assertEqual(results["config"]["augmult"], 2)
         kwargs = private.call_args.kwargs
         self.assertEqual(kwargs["augmult"], 2)
         self.assertEqual([type(layer).__name__

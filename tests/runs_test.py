@@ -125,6 +125,21 @@ class RunFolderTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "noise_seed"):
             runs.check_run_dir(model_dir, other, data=None)
 
+    def test_runs_from_before_normalization_and_augmult(self):
+        # Their config has neither field: they trained the paper's CNN
+        # without augmentation, and read back as such.
+        model_dir = tempfile.mkdtemp()
+        config = _config(model_dir)
+        saved = dataclasses.asdict(config)
+        del saved["normalization"], saved["augmult"]
+        with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+            json.dump({"config": saved}, f)
+        runs.check_run_dir(model_dir, config, data=None)
+        for field, value in (("normalization", "group"), ("augmult", 2)):
+            other = dataclasses.replace(config, **{field: value})
+            with self.assertRaisesRegex(ValueError, rf"\({field}\)"):
+                runs.check_run_dir(model_dir, other, data=None)
+
     def test_machine_info(self):
         info = runs.machine_info()
         for key in ("platform", "cpu_count", "python", "tensorflow", "keras"):

@@ -228,6 +228,9 @@ class AveragingTest(absltest.TestCase):
         # A resume must average (and decay) as the checkpoint did.
         with self.assertRaisesRegex(training.SettingsError, "ema"):
             train(model_dir=model_dir)
+        # ... and augment as it did (the checkpoint's model has K = 1).
+        with self.assertRaisesRegex(training.SettingsError, "augmult"):
+            train(model_dir=model_dir, ema=True, augmult=2)
 
 
 def _assert_all_close(got, want):
