@@ -1,0 +1,433 @@
+"""Issue 18's studies as plans of runs: the regime map and the best recipe.
+
+A study is cells x variants x learning rates x seeds of Fashion-MNIST runs
+of the paper's CNN (`examples.train_image.run`):
+
+- a `Cell` is one privacy budget and expected batch: (epsilon, B) with
+  either a fixed number of epochs, for which sigma is calibrated so that
+  the run spends the target epsilon (`calibrate_noise`: within
+  `EPSILON_TOLERANCE` below it), or a fixed sigma, for which the steps are
+  calibrated (`common.total_steps`); and the settings every run of the cell
+  shares (C, delta, augmentation multiplicity, parameter averaging,
+  normalization);
+- a `Variant` is an optimizer with its own settings (`VARIANTS`: DP-SGD,
+  DP-Adam, DP-AdamBC, DP-AdamBC with decoupled weight decay, DP-AdamBC at
+  beta_2 = 0.9999) and the centre of its learning-rate grid at
+  `REFERENCE_BATCH`; each cell gets a half-decade grid (x sqrt(10) steps)
+  around the centre scaled to its B (`scaled_centre`).
+
+`run_phase` tunes every (cell, variant) over its grid at the first seed and
+reruns the best learning rate of each with every seed. Each run is one
+`runs.execute` folder, `<runs_dir>/<cell>/<variant>_lr<lr>_seed<seed>`: a
+finished run is read back, an interrupted one resumes from its checkpoint,
+and a folder of other settings or data is refused (`runs.check_run_dir`).
+`final_moments` measures the optimizer's second moment at the end of a run
+(stored in its metrics.json): the median over coordinates of
+(v_hat - Phi) / Phi, the "v^c / Phi" of the regime map.
+"""
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+import tf_dpadam
+from examples import common
+from examples import experiments
+from examples import runs
+
+# The batch size at which `Variant.lr_centre` was measured (the Fashion-MNIST
+# comparison and ablations, docs/RESULTS_fashion_mnist.md).
+REFERENCE_BATCH = 256
+# `calibrate_noise`'s sigma spends epsilon in [target - this, target].
+EPSILON_TOLERANCE = 1e-4
+FASHION_MNIST_TRAIN_EXAMPLES = 60_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """An optimizer and its settings, with its learning-rate grid's centre.
+
+    `changes` are `(field, value)` pairs of `common.TrainConfig` set for
+    every run of the variant (e.g. `(("beta_2", 0.9999),)`); `gamma` is
+    its `epsilon` (DP-Adam's gamma outside the root, DP-AdamBC's gamma'
+    inside it, None: 0.04 Phi); the grid is centred on
+    `lr_centre * (B / REFERENCE_BATCH) ** lr_exponent`.
+    """
+
+    name: str
+    label: str
+    optimizer: str
+    lr_centre: float
+    lr_exponent: float
+    gamma: float | None = None
+    changes: tuple = ()
+
+
+def default_variants(*, weight_decay=0.1, beta_2_high=0.9999):
+    """name -> `Variant` of the regime map.
+
+    Centres: the best learning rates at B = 256 on Fashion-MNIST (DP-SGD 1-4
+    with C = 1, DP-Adam 1e-2, DP-AdamBC 1e-3 at 719 steps and 3e-3 at 235).
+    DP-SGD's scales linearly with B (equal epochs: the same lr x steps, and
+    the same noise diffusion lr^2 T (sigma / B)^2 when sigma grows as
+    sqrt(B)). The Adams' noise-dominated update is lr m / sqrt(Phi) = lr B m
+    / (sigma C), already linear in B / sigma: their lr scales as sigma, which
+    at a fixed epsilon and epochs grows about as B^0.22 (sigma 0.70, 0.88,
+    1.28 for B = 256, 1024, 4096 at epsilon = 3 and 5 epochs), so
+    B^0.25. beta_2_high keeps beta_1 = 0.9: only the averaging of v, whose
+    noise v_hat - Phi shrinks with it, changes.
+    """
+    corrected = dict(optimizer="dpadam_corrected", lr_centre=2e-3,
+                     lr_exponent=0.25)
+    return {v.name: v for v in (
+        Variant("dpsgd", "DP-SGD", "dpsgd", 2.0, 1.0),
+        Variant("dpadam", "DP-Adam", "dpadam", 1e-2, 0.25, gamma=1e-8),
+        Variant("dpadam_corrected", "DP-AdamBC", **corrected),
+        Variant("dpadam_corrected_wd",
+                f"DP-AdamBC + weight decay {weight_decay:g}",
+                changes=(("weight_decay", float(weight_decay)),),
+                **corrected),
+        Variant("dpadam_corrected_b2",
+                f"DP-AdamBC, β₂ = {beta_2_high:g}",
+                changes=(("beta_2", float(beta_2_high)),), **corrected),
+    )}
+
+
+def with_centres(variants, centres):
+    """`variants` with the learning-rate centres of `centres` (name -> lr at
+    `REFERENCE_BATCH`) replaced."""
+    unknown = set(centres) - set(variants)
+    if unknown:
+        raise ValueError(f"Unknown variants {sorted(unknown)}; expected some"
+                         f" of {list(variants)}.")
+    return {name: dataclasses.replace(v, lr_centre=float(centres[name]))
+            if name in centres else v for name, v in variants.items()}
+
+
+def scaled_centre(variant, batch_size):
+    """The variant's learning-rate centre at expected batch `batch_size`."""
+    return variant.lr_centre * (batch_size / REFERENCE_BATCH) ** (
+        variant.lr_exponent)
+
+
+def half_decade_grid(centre, span):
+    """`2 span + 1` learning rates 10^(k / 2) (3 significant digits) around
+    the one nearest `centre`: e.g. 0.002, 1 -> (0.001, 0.00316, 0.01)."""
+    if not centre > 0:
+        raise ValueError(f"Expected a learning-rate centre > 0, got {centre}.")
+    if span < 0:
+        raise ValueError(f"Expected a grid span >= 0, got {span}.")
+    middle = round(2 * math.log10(centre))
+    return tuple(float(f"{10 ** (k / 2):.3g}")
+                 for k in range(middle - span, middle + span + 1))
+
+
+def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
+                    delta, tolerance=EPSILON_TOLERANCE):
+    """sigma whose `steps` Poisson-sampled steps spend epsilon in
+    [target_epsilon - tolerance, target_epsilon] (RDP accountant).
+
+    `tf_dpadam.calibrate_noise_multiplier` brackets sigma within 1% (about
+    1% of epsilon); this bisects its bracket further.
+
+    Raises:
+        ValueError: as `calibrate_noise_multiplier` for impossible targets.
+    """
+    def epsilon(sigma):
+        return tf_dpadam.epsilon_after_steps(
+            steps=steps, num_examples=num_examples, batch_size=batch_size,
+            noise_multiplier=sigma, delta=delta)
+
+    high = tf_dpadam.calibrate_noise_multiplier(
+        target_epsilon=target_epsilon, num_examples=num_examples,
+        batch_size=batch_size, steps=steps, delta=delta)
+    low = high / 1.01  # eps(low) > target >= eps(high).
+    while epsilon(high) < target_epsilon - tolerance:
+        middle = 0.5 * (low + high)
+        if epsilon(middle) <= target_epsilon:
+            high = middle
+        else:
+            low = middle
+        if high - low < 1e-12 * high:
+            break  # A step of epsilon larger than the tolerance.
+    return high
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (epsilon, B) of a study: `base` holds every shared setting of its
+    runs (optimizer, learning rate, seed and model_dir are replaced per
+    run); `steps` and `noise_multiplier` are calibrated for `num_examples`."""
+
+    name: str
+    target_epsilon: float
+    base: common.TrainConfig
+    steps: int
+    num_examples: int
+
+
+def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
+              noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
+              eval_every=50, augmult=0, ema_momentum=None,
+              normalization="none"):
+    """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
+    `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
+    (the most steps within `target_epsilon`). ema_momentum: None for no
+    parameter averaging."""
+    if (epochs is None) == (noise_multiplier is None):
+        raise ValueError("Give exactly one of epochs and noise_multiplier.")
+    if batch_size > num_examples:
+        raise ValueError(f"Expected batch_size={batch_size} <= the"
+                         f" {num_examples} training examples.")
+    base = common.base_config(
+        "fashion_mnist", l2_norm_clip=l2_norm_clip,
+        noise_multiplier=noise_multiplier or 1.0, batch_size=batch_size,
+        target_epsilon=None if epochs else target_epsilon, delta=delta,
+        epochs=epochs, eval_every=eval_every)
+    steps = common.total_steps(base, num_examples)
+    if epochs is not None:
+        base = dataclasses.replace(base, noise_multiplier=calibrate_noise(
+            target_epsilon, num_examples=num_examples, batch_size=batch_size,
+            steps=steps, delta=delta))
+    base = dataclasses.replace(
+        base, augmult=augmult, normalization=normalization,
+        ema=ema_momentum is not None,
+        ema_momentum=0.999 if ema_momentum is None else ema_momentum)
+    name = f"eps{target_epsilon:g}_B{batch_size}"
+    return Cell(name, float(target_epsilon), base, steps, num_examples)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a study (a folder of its runs_dir)."""
+
+    cell: str
+    variant: str
+    learning_rate: float
+    seed: int
+
+    @property
+    def folder(self):
+        return os.path.join(self.cell, f"{self.variant}_lr"
+                            f"{self.learning_rate:g}_seed{self.seed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyPlan:
+    """Everything that decides a study's runs. grids: (cell name, variant
+    name) -> learning rates; data: saved with every run (a folder of other
+    data is refused)."""
+
+    study: str
+    cells: tuple
+    variants: tuple
+    grids: dict
+    seeds: tuple
+    runs_dir: str
+    data: dict
+
+    @property
+    def tune_seed(self):
+        return self.seeds[0]
+
+    def cell(self, name):
+        return next(c for c in self.cells if c.name == name)
+
+    def variant(self, name):
+        return next(v for v in self.variants if v.name == name)
+
+
+def make_plan(study, *, cells, variants, seeds, runs_dir, data, lr_span=1):
+    """A `StudyPlan`; each (cell, variant) gets `half_decade_grid(
+    scaled_centre(variant, B), lr_span)`."""
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"Expected distinct seeds, got {seeds}.")
+    if not cells or not variants:
+        raise ValueError("Give at least one cell and one variant.")
+    grids = {}
+    for cell in cells:
+        for variant in variants:
+            grid = half_decade_grid(
+                scaled_centre(variant, cell.base.batch_size), lr_span)
+            decay = dict(variant.changes).get("weight_decay",
+                                              cell.base.weight_decay)
+            if max(grid) * decay >= 1:
+                raise ValueError(
+                    f"{variant.name}: weight decay {decay:g} times the"
+                    f" learning rate {max(grid):g} must be < 1.")
+            grids[(cell.name, variant.name)] = grid
+    return StudyPlan(study, tuple(cells), tuple(variants), grids, seeds,
+                     runs_dir, dict(data))
+
+
+def planned_config(plan, run):
+    """The `TrainConfig` of `run`, with its model_dir."""
+    variant = plan.variant(run.variant)
+    setting = runs.Setting(variant.optimizer, run.learning_rate,
+                           variant.gamma)
+    config = runs.run_config(plan.cell(run.cell).base, setting, run.seed,
+                             os.path.join(plan.runs_dir, run.folder))
+    return dataclasses.replace(config, **dict(variant.changes))
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyRecord:
+    """A finished run: its `runs.Record` and its `final_moments` (empty for
+    DP-SGD)."""
+
+    run: Run
+    record: runs.Record
+    moments: dict
+
+    @property
+    def accuracy(self):
+        return self.record.accuracy
+
+
+def load(plan, run):
+    """The finished `run` as a `StudyRecord`, or None."""
+    config = planned_config(plan, run)
+    record = runs.load_record(config.model_dir, config, plan.data)
+    if record is None:
+        return None
+    metrics = runs.read_json(os.path.join(config.model_dir, runs.METRICS))
+    return StudyRecord(run, record, metrics.get("final_moments") or {})
+
+
+def tuning_runs(plan):
+    """Every (cell, variant, learning rate) at the tuning seed."""
+    return [Run(cell.name, variant.name, lr, plan.tune_seed)
+            for cell in plan.cells for variant in plan.variants
+            for lr in plan.grids[(cell.name, variant.name)]]
+
+
+def best_learning_rates(plan, records):
+    """(cell name, variant name) -> the learning rate of the best finished
+    tuning run (a NaN accuracy loses; ties: the smaller rate)."""
+    best = {}
+    for run in tuning_runs(plan):
+        if run not in records:
+            continue
+        accuracy = records[run].accuracy
+        score = -math.inf if math.isnan(accuracy) else accuracy
+        key = (run.cell, run.variant)
+        if key not in best or score > best[key][0]:
+            best[key] = (score, run.learning_rate)
+    return {key: lr for key, (_, lr) in best.items()}
+
+
+def seed_runs(plan, records):
+    """The runs of the seeds phase: each best learning rate, every seed."""
+    return [Run(cell, variant, lr, seed)
+            for (cell, variant), lr in best_learning_rates(
+                plan, records).items() for seed in plan.seeds]
+
+
+def collect(plan):
+    """All finished runs of the plan on disk: `Run` -> `StudyRecord`.
+    Checks every folder (a folder of other settings raises)."""
+    records = {}
+    for run in tuning_runs(plan):
+        for seed in plan.seeds:
+            run = dataclasses.replace(run, seed=seed)
+            record = load(plan, run)
+            if record is not None:
+                records[run] = record
+    return records
+
+
+def execute(plan, run, train_fn, *, command, machine):
+    """Reads back `run`, or trains (or resumes) it; its `StudyRecord`."""
+    config = planned_config(plan, run)
+    runs.execute(config.model_dir, config, data=plan.data, train_fn=train_fn,
+                 command=command, machine=machine)
+    return load(plan, run)
+
+
+def run_phase(plan, train_fn, phase, *, command, machine):
+    """Trains (or reads back) the runs of `phase`: "tune" (every grid at
+    the first seed), "seeds" (each best learning rate with every seed),
+    "all" (both) or "report" (nothing; the folders are only checked)."""
+    if phase not in ("tune", "seeds", "all", "report"):
+        raise ValueError(f"Unknown phase {phase!r}.")
+    records = collect(plan)  # A mismatched folder fails before training.
+    if phase in ("tune", "all"):
+        for run in tuning_runs(plan):
+            records[run] = execute(plan, run, train_fn, command=command,
+                                   machine=machine)
+    if phase in ("seeds", "all"):
+        missing = [r.folder for r in tuning_runs(plan) if r not in records]
+        if missing:
+            raise ValueError(f"Tuning is not finished ({len(missing)} runs"
+                             f" missing, e.g. {missing[0]}): run"
+                             " --phase=tune first.")
+        for run in seed_runs(plan, records):
+            records[run] = execute(plan, run, train_fn, command=command,
+                                   machine=machine)
+    return records
+
+
+def moment_statistics(velocities, *, steps, beta_2, phi, gamma=None):
+    """Statistics of (v_hat - Phi) / Phi over every coordinate.
+
+    v_hat = v / (1 - beta_2^t) after t = `steps` steps is the private second
+    moment; v_hat - Phi estimates the clean second moment v^c (unbiased, but
+    with noise of about Phi sqrt(2 (1 - beta_2)) per coordinate).
+
+    Args:
+        velocities: Adam's v, arrays of any shapes.
+        steps, beta_2: t and the optimizer's beta_2.
+        phi: (sigma C / B)^2.
+        gamma: DP-AdamBC's gamma' (None for DP-Adam).
+
+    Returns:
+        A dict: `median_vc_over_phi`, `mean_vc_over_phi` and, with gamma,
+        `below_gamma` (the fraction of coordinates with v_hat - Phi < gamma',
+        on which DP-AdamBC divides by sqrt(gamma')).
+    """
+    v = np.concatenate([np.ravel(x) for x in velocities]).astype(np.float64)
+    excess = v / (1.0 - beta_2 ** steps) - phi
+    stats = {"median_vc_over_phi": float(np.median(excess) / phi),
+             "mean_vc_over_phi": float(np.mean(excess) / phi)}
+    if gamma is not None:
+        stats["below_gamma"] = float(np.mean(excess < gamma))
+    return stats
+
+
+def final_moments(model):
+    """`{"final_moments": moment_statistics(...)}` of a trained private
+    model's DP-Adam or DP-AdamBC (`{}` for DP-SGD or before any step):
+    for `training.train_private(measure=...)`; costs no training."""
+    optimizer = model.optimizer
+    steps = int(optimizer.iterations.numpy())
+    if not hasattr(optimizer, "moments") or steps == 0:
+        return {}
+    phi = float(optimizer.noise_phi())
+    gamma = (float(optimizer.step_gamma(optimizer.step_phi()))
+             if isinstance(optimizer, tf_dpadam.DPAdamCorrected) else None)
+    velocities = [optimizer.moments(v)[1].numpy()
+                  for v in model.trainable_variables]
+    return {"final_moments": moment_statistics(
+        velocities, steps=steps, beta_2=float(optimizer.beta_2), phi=phi,
+        gamma=gamma)}
+
+
+def data_spec(max_examples=None, max_steps=None):
+    """What identifies a study run's data (saved with it); `max_steps`
+    (smoke tests' cap) only when set."""
+    spec = experiments.data_spec("fashion_mnist", max_examples=max_examples)
+    if max_steps is not None:
+        spec.update(max_steps=max_steps)
+    return spec
+
+
+def make_train_fn(data_dir=None, *, max_examples=None, max_steps=None):
+    """config -> results of one Fashion-MNIST run, with `final_moments`."""
+    from examples import train_image
+
+    return lambda config: train_image.run(
+        "fashion_mnist", data_dir, config, max_examples=max_examples,
+        max_steps=max_steps, measure=final_moments)

@@ -1,0 +1,282 @@
+"""The report of an issue-18 study (`examples.study_plan`): markdown and PNGs.
+
+`write_report` writes `<output_dir>/<STUDY>_fashion_mnist.md` from the
+finished runs on disk: every setting of every cell and variant, the best
+learning rate of each (cell, variant) with the mean ± std over its seeds and
+its measured median (v_hat - Phi) / Phi, the accuracy gap of each DP-AdamBC
+variant over DP-Adam per cell, every run, and the total training time. PNGs
+next to it: the tuning curves, and the gaps against B and against the median
+(v_hat - Phi) / Phi.
+"""
+
+import math
+import os
+
+import numpy as np
+
+from examples import comparison
+from examples import plots
+from examples import runs
+from examples import study_plan
+
+BASELINE = "dpadam"  # The gaps are DP-AdamBC variants minus this.
+TITLES = {"regime_map": "Regime map: when does DP-AdamBC help?",
+          "best_recipe": "Best recipe"}
+
+
+def report_stem(study):
+    """e.g. REGIME_MAP_fashion_mnist."""
+    return f"{study.upper()}_fashion_mnist"
+
+
+def _mean_of(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else math.nan
+
+
+def best_summaries(plan, records):
+    """(cell, variant) -> dict of the best learning rate's runs over seeds:
+    lr, accuracy mean/std/n, median (v_hat - Phi) / Phi and the fraction
+    below gamma' (means over seeds; NaN for DP-SGD)."""
+    summaries = {}
+    for key, lr in study_plan.best_learning_rates(plan, records).items():
+        found = [records[r] for r in (
+            study_plan.Run(*key, lr, seed) for seed in plan.seeds)
+            if r in records]
+        mean, std, n = comparison.aggregate_seeds(r.accuracy for r in found)
+        summaries[key] = dict(
+            lr=lr, mean=mean, std=std, n=n,
+            vc=_mean_of(r.moments.get("median_vc_over_phi") for r in found),
+            below=_mean_of(r.moments.get("below_gamma") for r in found))
+    return summaries
+
+
+def gaps(plan, summaries):
+    """(cell, variant) -> (gap, standard error) of each DP-AdamBC variant's
+    best mean accuracy minus DP-Adam's, where both are tuned."""
+    result = {}
+    for cell in plan.cells:
+        base = summaries.get((cell.name, BASELINE))
+        if base is None:
+            continue
+        for variant in plan.variants:
+            mine = summaries.get((cell.name, variant.name))
+            if variant.optimizer != "dpadam_corrected" or mine is None:
+                continue
+            error = math.sqrt(mine["std"] ** 2 / mine["n"]
+                              + base["std"] ** 2 / base["n"])
+            result[(cell.name, variant.name)] = (mine["mean"] - base["mean"],
+                                                 error)
+    return result
+
+
+def _number(x, spec=".3g"):
+    return "n/a" if x is None or math.isnan(x) else format(x, spec)
+
+
+def _points(x):
+    return _number(100 * x, "+.2f")
+
+
+def _header(*columns):
+    """The first two lines of a markdown table."""
+    return ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+
+
+def _settings_table(plan):
+    lines = _header("cell", "ε (target)", "δ", "B", "N", "steps", "epochs",
+                    "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
+                    "normalization")
+    for cell in plan.cells:
+        c = cell.base
+        phi = (c.noise_multiplier * c.l2_norm_clip / c.batch_size) ** 2
+        lines.append(
+            f"| {cell.name} | {cell.target_epsilon:g} | {c.delta:g} |"
+            f" {c.batch_size} | {cell.num_examples} | {cell.steps} |"
+            f" {cell.steps * c.batch_size / cell.num_examples:.3g} |"
+            f" {c.noise_multiplier:.5g} | {phi:.3g} | {c.l2_norm_clip:g} |"
+            f" {c.augmult or 'none'} |"
+            f" {c.ema_momentum if c.ema else 'none'} | {c.normalization} |")
+    return lines
+
+
+def _variants_table(plan):
+    lines = _header("variant", "optimizer", "γ (DP-Adam) / γ' (DP-AdamBC)",
+                    "β₁", "β₂", "weight decay", "learning rates")
+    for variant in plan.variants:
+        config = study_plan.planned_config(
+            plan, study_plan.Run(plan.cells[0].name, variant.name, 1.0, 0))
+        grids = "; ".join(
+            f"{cell.name}: " + ", ".join(
+                f"{lr:g}" for lr in plan.grids[(cell.name, variant.name)])
+            for cell in plan.cells)
+        adam = variant.optimizer != "dpsgd"
+        gamma = runs.format_gamma(runs.Setting(variant.optimizer, 1.0,
+                                               variant.gamma))
+        lines.append(
+            f"| {variant.label} | {variant.optimizer} | {gamma} |"
+            f" {config.beta_1 if adam else '-'} |"
+            f" {config.beta_2 if adam else '-'} |"
+            f" {config.weight_decay:g} | {grids} |")
+    return lines
+
+
+def _best_table(plan, summaries):
+    lines = _header("cell", "variant", "best lr", "seeds",
+                    "test accuracy (%), mean ± std", "median (v̂ − Φ)/Φ",
+                    "v̂ − Φ < γ'")
+    for cell in plan.cells:
+        for variant in plan.variants:
+            s = summaries.get((cell.name, variant.name))
+            if s is None:
+                continue
+            accuracy = (f"{runs.format_percent(s['mean'])} ±"
+                        f" {_number(100 * s['std'], '.2f')}")
+            below = ("n/a" if math.isnan(s["below"])
+                     else f"{100 * s['below']:.0f}%")
+            lines.append(f"| {cell.name} | {variant.label} | {s['lr']:g} |"
+                         f" {s['n']} | {accuracy} | {_number(s['vc'])} |"
+                         f" {below} |")
+    return lines
+
+
+def _gap_table(plan, gap_values, summaries):
+    lines = _header("cell", "B", "variant",
+                    "gap over DP-Adam (points) ± s.e.", "median (v̂ − Φ)/Φ")
+    for (cell, variant), (gap, error) in gap_values.items():
+        lines.append(
+            f"| {cell} | {plan.cell(cell).base.batch_size} |"
+            f" {plan.variant(variant).label} | {_points(gap)} ±"
+            f" {_number(100 * error, '.2f')} |"
+            f" {_number(summaries[(cell, variant)]['vc'])} |")
+    return lines
+
+
+def _runs_table(plan, records):
+    lines = _header("cell", "variant", "lr", "seed", "test accuracy (%)",
+                    "ε spent", "steps", "median (v̂ − Φ)/Φ", "wall (s)")
+    order = {c.name: i for i, c in enumerate(plan.cells)}
+    vorder = {v.name: i for i, v in enumerate(plan.variants)}
+    for run in sorted(records, key=lambda r: (
+            order[r.cell], vorder[r.variant], r.learning_rate, r.seed)):
+        r = records[run]
+        lines.append(
+            f"| {run.cell} | {plan.variant(run.variant).label} |"
+            f" {run.learning_rate:g} | {run.seed} |"
+            f" {runs.format_percent(r.accuracy)} | {r.record.epsilon:.4f} |"
+            f" {r.record.steps} |"
+            f" {_number(r.moments.get('median_vc_over_phi'))} |"
+            f" {runs.format_seconds(r.record.wall_seconds)} |")
+    return lines
+
+
+def plot_tuning(path, plan, records):
+    """Final accuracy vs learning rate at the tuning seed, one panel per
+    cell, one line per variant."""
+    figure = plots.new_figure(4.0 * len(plan.cells), 3.6)
+    for i, cell in enumerate(plan.cells):
+        axes = figure.add_subplot(1, len(plan.cells), i + 1)
+        for variant in plan.variants:
+            points = [(lr, records[run].accuracy) for lr in plan.grids[
+                (cell.name, variant.name)] if (run := study_plan.Run(
+                    cell.name, variant.name, lr, plan.tune_seed)) in records]
+            if points:
+                axes.plot([p[0] for p in points],
+                          [100 * p[1] for p in points], marker="o",
+                          label=variant.label)
+        axes.set_xscale("log")
+        axes.set_xlabel("learning rate")
+        axes.set_ylabel("final test accuracy (%)")
+        axes.set_title(cell.name)
+        axes.grid(alpha=0.3)
+        if axes.lines:
+            axes.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def plot_gaps(path, plan, gap_values, summaries, against):
+    """The gaps (points, ± s.e.) against B (`against="batch"`) or the
+    measured median (v_hat - Phi) / Phi ("vc"), one series per variant."""
+    figure = plots.new_figure(5.5, 4.0)
+    axes = figure.add_subplot()
+    for variant in plan.variants:
+        points = sorted(
+            (plan.cell(cell).base.batch_size if against == "batch"
+             else summaries[(cell, name)]["vc"], 100 * gap, 100 * error)
+            for (cell, name), (gap, error) in gap_values.items()
+            if name == variant.name)
+        if points:
+            x, y, e = zip(*points)
+            axes.errorbar(x, y, yerr=e, marker="o", capsize=3,
+                          label=variant.label)
+    axes.axhline(0, color="gray", linewidth=0.8)
+    if against == "batch":
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("expected batch size B")
+    else:
+        axes.set_xlabel("median (v̂ − Φ)/Φ at the end of training")
+    axes.set_ylabel("accuracy gap over DP-Adam (points)")
+    axes.grid(alpha=0.3)
+    if axes.lines:
+        axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def write_report(plan, records, output_dir, command, machine):
+    """Writes the markdown page and its PNGs; returns the page's path."""
+    os.makedirs(output_dir, exist_ok=True)
+    stem = report_stem(plan.study)
+    summaries = best_summaries(plan, records)
+    gap_values = gaps(plan, summaries)
+    wall = sum(r.record.wall_seconds or 0.0 for r in records.values())
+    planned = len(study_plan.tuning_runs(plan)) + len(plan.cells) * len(
+        plan.variants) * (len(plan.seeds) - 1)
+    lines = [
+        f"# {TITLES.get(plan.study, plan.study)} (Fashion-MNIST)", "",
+        "Written by `examples.study` from the runs in "
+        f"`{os.path.relpath(plan.runs_dir, output_dir)}`: the paper's CNN"
+        " (`examples.models.make_cnn`) trained from scratch, Poisson"
+        " sampling, noise and sampling keyed by each run's seed. Each"
+        " (cell, variant) is tuned over its learning rates at seed"
+        f" {plan.tune_seed}, and its best rerun with seeds"
+        f" {', '.join(map(str, plan.seeds))}.", "",
+        f"- Command: `{command}`",
+        f"- Machine: {machine}",
+        f"- Runs: {len(records)} finished of {planned} planned; total"
+        f" training time {wall:.0f} s ({wall / 3600:.2f} h, the sum of the"
+        " runs' wall seconds).",
+        "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
+        " v̂ = v/(1 − β₂ᵗ), over every coordinate; v̂ − Φ estimates the clean"
+        " second moment v^c, with noise of about Φ·√(2(1 − β₂)) per"
+        " coordinate (more after few steps, whose skewed average also pulls"
+        " the median below the median v^c: about −0.16 Φ after 4 steps of"
+        " noise alone). \"v̂ − Φ < γ'\": the coordinates on which DP-AdamBC"
+        " divides by √γ' (DP-SGD has no v).", "",
+        "## Settings", "", *_settings_table(plan), "",
+        *_variants_table(plan), "",
+        "## Best learning rate of each variant", "",
+        *_best_table(plan, summaries), "",
+    ]
+    tuning_png = f"{stem}_tuning.png"
+    plot_tuning(os.path.join(output_dir, tuning_png), plan, records)
+    if plan.study == "regime_map" or gap_values:
+        pngs = {f"{stem}_gap_vs_batch.png": "batch",
+                f"{stem}_gap_vs_vc.png": "vc"}
+        for name, against in pngs.items():
+            plot_gaps(os.path.join(output_dir, name), plan, gap_values,
+                      summaries, against)
+        lines += [
+            "## DP-AdamBC − DP-Adam", "",
+            "Each tuned variant's mean accuracy minus tuned DP-Adam's, in"
+            " points; ± the standard error of the difference,"
+            " √(s₁²/n₁ + s₂²/n₂).", "",
+            *_gap_table(plan, gap_values, summaries), "",
+            *[f"![gap against {a}]({n})" for n, a in pngs.items()], ""]
+    lines += ["## Tuning", "", f"![tuning curves]({tuning_png})", "",
+              "## Every run", "", *_runs_table(plan, records), ""]
+    path = os.path.join(output_dir, f"{stem}.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path

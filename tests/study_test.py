@@ -1,0 +1,132 @@
+"""examples/study.py end to end on tiny Fashion-MNIST-format files: real
+runs of the CNN in two cells calibrated to epsilon = 3 at equal epochs, read
+back by a second call, a folder of other settings refused, the report
+written, and each run's median (v_hat - Phi) / Phi against NumPy on its
+checkpoint's optimizer state."""
+
+import os
+import tempfile
+from unittest import mock
+
+import keras
+import numpy as np
+from absl.testing import absltest
+
+from examples import datasets
+from examples import study
+from examples import study_plan
+
+
+def _tiny_images(num_train=64, num_test=32):
+    """8x8 images whose brightness gives the class, as
+    `datasets.load_image_dataset` returns them."""
+    rng = np.random.default_rng(0)
+    splits = []
+    for n in (num_train, num_test):
+        y = rng.integers(0, 10, n).astype(np.int32)
+        x = (y[:, None, None, None] * 0.1
+             + rng.random((n, 8, 8, 1)) * 0.05).astype(np.float32)
+        splits.append((x, y))
+    return tuple(splits)
+
+
+def _numpy_median_ratio(checkpoint, config):
+    """median over coordinates of (v / (1 - beta_2^t) - Phi) / Phi, from
+    the saved optimizer's variables and the config's sigma, C and B."""
+    model = keras.models.load_model(checkpoint)
+    optimizer = model.optimizer
+    t = int(optimizer.iterations.numpy())
+    names = {v.path: v.numpy() for v in optimizer.variables}
+    velocities = [value for path, value in names.items()
+                  if "velocity" in path]
+    assert len(velocities) == len(model.trainable_variables), names.keys()
+    v = np.concatenate([x.ravel() for x in velocities]).astype(np.float64)
+    phi = (config.noise_multiplier * config.l2_norm_clip
+           / config.batch_size) ** 2
+    return float(np.median((v / (1 - config.beta_2 ** t) - phi) / phi)), t
+
+
+class StudyTest(absltest.TestCase):
+
+    def test_runs_resume_refuse_and_report(self):
+        work = tempfile.mkdtemp()
+        runs_dir = os.path.join(work, "runs")
+        output_dir = os.path.join(work, "docs")
+        settings = dict(
+            num_examples=64, runs_dir=runs_dir, data=study_plan.data_spec(),
+            batch_sizes=["16", "32"], epsilons=["3"], epochs=1.0,
+            variants=["dpsgd", "dpadam", "dpadam_corrected"], lr_span=0,
+            seeds=["0"], eval_every=2)
+        plan = study.make_study_plan("regime_map", **settings)
+        train = study_plan.make_train_fn()
+        trained = []
+
+        def train_fn(config):
+            trained.append(config)
+            with mock.patch.object(datasets, "load_image_dataset",
+                                   return_value=_tiny_images()):
+                return train(config)
+
+        path = study.study(plan, train_fn, phase="all",
+                           output_dir=output_dir, command="python -m x",
+                           machine={"cpu_count": 2})
+        self.assertLen(trained, 6)  # 2 cells x 3 variants x 1 rate.
+        records = study_plan.collect(plan)
+        self.assertLen(records, 6)
+        for run, record in records.items():
+            cell = plan.cell(run.cell)
+            # Equal epochs (1: 4 steps of 16, 2 of 32), epsilon = 3 spent.
+            self.assertEqual(record.record.steps * cell.base.batch_size, 64)
+            self.assertBetween(record.record.epsilon, 3 - 1e-3, 3.0)
+            if run.variant == "dpsgd":
+                self.assertEmpty(record.moments)
+                continue
+            config = study_plan.planned_config(plan, run)
+            want, t = _numpy_median_ratio(
+                os.path.join(config.model_dir, "checkpoint.keras"), config)
+            self.assertEqual(t, record.record.steps)
+            self.assertAlmostEqual(record.moments["median_vc_over_phi"],
+                                   want, delta=1e-4 * max(1, abs(want)))
+            self.assertEqual("below_gamma" in record.moments,
+                             run.variant == "dpadam_corrected")
+
+        # A second call reads every run back.
+        trained.clear()
+        study.study(plan, train_fn, phase="all", output_dir=output_dir,
+                    command="python -m x", machine={"cpu_count": 2})
+        self.assertEmpty(trained)
+
+        # The report: its tables hold the runs' numbers, its PNGs exist.
+        with open(path) as f:
+            page = f.read()
+        for run, record in records.items():
+            self.assertIn(f"| {run.cell} | {plan.variant(run.variant).label}"
+                          f" | {run.learning_rate:g} | 0 |"
+                          f" {100 * record.accuracy:.2f} |", page)
+        bc = records[study_plan.Run("eps3_B32", "dpadam_corrected",
+                                    plan.grids[("eps3_B32",
+                                                "dpadam_corrected")][0], 0)]
+        adam = records[study_plan.Run("eps3_B32", "dpadam", plan.grids[
+            ("eps3_B32", "dpadam")][0], 0)]
+        self.assertIn(f"| eps3_B32 | 32 | DP-AdamBC |"
+                      f" {100 * (bc.accuracy - adam.accuracy):+.2f} ± 0.00 |",
+                      page)
+        total = sum(r.record.wall_seconds for r in records.values())
+        self.assertIn(f"total training time {total:.0f} s", page)
+        for name in ("tuning", "gap_vs_batch", "gap_vs_vc"):
+            png = os.path.join(output_dir,
+                               f"REGIME_MAP_fashion_mnist_{name}.png")
+            self.assertGreater(os.path.getsize(png), 1000)
+            self.assertIn(os.path.basename(png), page)
+
+        # A folder trained with other settings is refused before training.
+        other = study.make_study_plan("regime_map", augmult=2, **settings)
+        with self.assertRaisesRegex(ValueError, r"other hyperparameters"
+                                                r" \(augmult\)"):
+            study.study(other, train_fn, phase="all", output_dir=output_dir,
+                        command="python -m x", machine={})
+        self.assertEmpty(trained)
+
+
+if __name__ == "__main__":
+    absltest.main()
