@@ -13,6 +13,7 @@ import os
 from examples import common
 from examples import comparison
 from examples import experiments
+from examples import finetune_report
 from examples import plots
 from examples import runs
 
@@ -415,5 +416,7 @@ def write_report(plan, output_dir, command, machine):
               encoding="utf-8") as f:
         json.dump(summary, f, indent=1, ensure_ascii=False)
     write_index(output_dir)
+    if plan.task in finetune_report.MODES:
+        finetune_report.write_page(output_dir)
     return path
 
