@@ -39,15 +39,16 @@ TASKS = {
         "paper_dataset": "SNLI", "finetune": "lora",
         "model": "BERT classifier, pretrained backbone frozen, LoRA factors"
                  " on every attention projection (query, key, value,"
-                 " output) of every block trained with a new head"
-                 " (examples.finetune)",
+                 " output) of every block trained with a new head on the"
+                 " mean of the final token states (examples.finetune)",
     },
     "sst2_full": {
         "kind": "text", "dataset": "sst2_tsv",
         "name": "SST-2 (full fine-tuning)",
         "paper_dataset": "SNLI", "finetune": "full",
         "model": "BERT classifier, every pretrained weight and a new head"
-                 " trained (examples.finetune)",
+                 " on the mean of the final token states trained"
+                 " (examples.finetune)",
     },
 }
 
@@ -288,7 +289,7 @@ def run_phase(plan, train_fn, phase, *, command, machine):
 
 def data_spec(task, *, max_examples=None, max_test_examples=None,
               preset=None, sequence_length=None, cache_frozen=True,
-              lora_rank=None, finetune_blocks=None):
+              lora_rank=None, finetune_blocks=None, pooling=None):
     """What identifies the data of a run (saved with it)."""
     spec = {"task": task, "dataset": TASKS[task]["dataset"],
             "max_examples": max_examples}
@@ -303,12 +304,16 @@ def data_spec(task, *, max_examples=None, max_test_examples=None,
         if finetune_blocks is not None:
             # Only when set: runs made before the flag keep their spec.
             spec.update(finetune_blocks=finetune_blocks)
+        pooling = pooling or finetune_lib.default_pooling(finetune)
+        if finetune != "last_block" or pooling != "cls":
+            spec.update(pooling=pooling)
     return spec
 
 
 def make_train_fn(task, *, data_dir=None, max_examples=None,
                   max_test_examples=None, preset=None, sequence_length=128,
-                  cache_frozen=True, lora_rank=None, finetune_blocks=None):
+                  cache_frozen=True, lora_rank=None, finetune_blocks=None,
+                  pooling=None):
     """config -> results of one run of `task` (imports the binary it uses).
 
     For sst2 with `cache_frozen`, the frozen features are computed once and
@@ -332,6 +337,8 @@ def make_train_fn(task, *, data_dir=None, max_examples=None,
             finetune.update(lora_rank=lora_rank)
         if finetune_blocks is not None:
             finetune.update(finetune_blocks=finetune_blocks)
+        if pooling is not None:
+            finetune.update(pooling=pooling)
         return lambda config: train_text.run(
             "sst2_tsv", data_dir or DEFAULT_SST2_DIR, preset,
             sequence_length, config, max_examples=max_examples,

@@ -15,8 +15,11 @@ Three modes (`train_text --finetune`):
   ghost norm and materializing the per-example gradient.
 
 LoRA and full fine-tuning keep the pretrained weights (nothing is
-re-initialized) and put the head on the final [CLS] state, as last-block
-does. Both can be limited to the top `blocks` transformer blocks: the
+re-initialized) and put a new head on the mean of the final token states
+over the unpadded tokens (`pooling="mean"`, the pooling all-MiniLM-L6-v2 was
+trained with; a non-private linear probe of its frozen features on 4,000
+SST-2 sentences scores 79.6% on the dev set with it, 73.6% on [CLS]);
+last-block keeps the paper's [CLS] head. Both can be limited to the top `blocks` transformer blocks: the
 embeddings and the blocks below are then frozen, as in last-block's model
 (`models.make_text_classifier`), and `train_text` can run them once over
 the data and train on their cached outputs.
@@ -56,9 +59,14 @@ def cacheable(finetune, blocks):
     return finetune == "last_block" or blocks is not None
 
 
+def default_pooling(finetune):
+    """What feeds the head of a mode unless told (`models.POOLINGS`)."""
+    return "cls" if finetune == "last_block" else "mean"
+
+
 def make_classifier(preset, num_classes, finetune="last_block",
                     sequence_length=128, lora_rank=8, seed=0, dropout=0.1,
-                    blocks=None):
+                    blocks=None, pooling=None):
     """`(model, preprocessor)`: a BERT classifier that trains `finetune`.
 
     Args:
@@ -72,6 +80,8 @@ def make_classifier(preset, num_classes, finetune="last_block",
             below are frozen, and the model is laid out as
             `models.make_text_classifier`'s, whose frozen part
             `models.split_text_classifier` can cache).
+        pooling: "cls" or "mean" (`models.pool`); None: the mode's
+            `default_pooling`.
 
     Returns:
         The model maps the preprocessor's token dict to logits. For "lora"
@@ -80,14 +90,18 @@ def make_classifier(preset, num_classes, finetune="last_block",
         with its LoRA factors and frozen flags (`tf_dpadam.lora_state`).
     """
     check_finetune(finetune, lora_rank, blocks)
+    pooling = pooling or default_pooling(finetune)
+    if pooling not in models.POOLINGS:
+        raise ValueError(
+            f"Expected pooling={pooling!r} to be one of {models.POOLINGS}.")
     if finetune == "last_block":
         return models.make_text_classifier(
             preset, num_classes, sequence_length=sequence_length, seed=seed,
-            dropout=dropout)
+            dropout=dropout, pooling=pooling)
     if blocks is not None:
         return _make_top_blocks_classifier(
             preset, num_classes, finetune, sequence_length, lora_rank, seed,
-            dropout, blocks)
+            dropout, blocks, pooling)
     if isinstance(preset, (tuple, list)):
         backbone, preprocessor = preset
     else:
@@ -100,15 +114,10 @@ def make_classifier(preset, num_classes, finetune="last_block",
                                  target_layer_names=list(LORA_TARGETS))
     else:
         backbone.trainable = True
-    sequence = backbone.output["sequence_output"]
-    cls = sequence[:, backbone.cls_token_index, :]
-    cls = keras.layers.Dropout(dropout, seed=seed, name="head_dropout")(cls)
-    logits = keras.layers.Dense(
-        num_classes,
-        kernel_initializer=keras.initializers.TruncatedNormal(
-            stddev=0.02, seed=seed),
-        name="head",
-    )(cls)
+    logits = models.classification_head(
+        backbone.output["sequence_output"], backbone.input["padding_mask"],
+        num_classes, pooling=pooling,
+        cls_token_index=backbone.cls_token_index, seed=seed, dropout=dropout)
     model = keras.Model(backbone.input, logits,
                         name=f"bert_classifier_{finetune}")
     return model, preprocessor
@@ -116,12 +125,12 @@ def make_classifier(preset, num_classes, finetune="last_block",
 
 def _make_top_blocks_classifier(preset, num_classes, finetune,
                                 sequence_length, lora_rank, seed, dropout,
-                                blocks):
+                                blocks, pooling):
     """`make_classifier` that trains the top `blocks` blocks only."""
     model, preprocessor = models.make_text_classifier(
         preset, num_classes, sequence_length=sequence_length,
         trainable_layers=blocks, seed=seed, dropout=dropout,
-        reinitialize=False)
+        reinitialize=False, pooling=pooling)
     if finetune == "lora":
         import keras_hub  # Only the text models need it.
 

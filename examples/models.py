@@ -311,7 +311,7 @@ def freeze_bert_backbone(backbone, trainable_layers):
 
 def make_text_classifier(preset, num_classes, sequence_length=128,
                          trainable_layers=1, seed=0, dropout=0.1,
-                         reinitialize=True):
+                         reinitialize=True, pooling="cls"):
     """A BERT classifier with frozen lower layers and re-initialized top.
 
     The backbone's embeddings and all its transformer blocks but the last
@@ -345,6 +345,8 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
         dropout: dropout rate before the head.
         reinitialize: False keeps the top blocks' pretrained weights
             (`examples.finetune` fine-tunes them).
+        pooling: what feeds the head (`pool`): "cls", the final [CLS]
+            state, or "mean", the mean over the unpadded tokens.
 
     Returns:
         `(model, preprocessor)`: `model` is a functional Keras model from
@@ -392,20 +394,54 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
     sequence = frozen(inputs)
     for block in blocks:
         sequence = block(sequence, padding_mask=inputs["padding_mask"])
-    cls = sequence[:, backbone.cls_token_index, :]
-    cls = keras.layers.Dropout(dropout, seed=seed, name="head_dropout")(cls)
-    logits = keras.layers.Dense(
-        num_classes,
-        kernel_initializer=keras.initializers.TruncatedNormal(
-            stddev=0.02, seed=seed
-        ),
-        name="head",
-    )(cls)
+    logits = classification_head(
+        sequence, inputs["padding_mask"], num_classes, pooling=pooling,
+        cls_token_index=backbone.cls_token_index, seed=seed, dropout=dropout)
     model = BertClassifier(inputs, logits, name="bert_classifier")
     return model, preprocessor
 
 
 FROZEN_SEQUENCE = "sequence"  # Input name of `split_text_classifier`'s top.
+POOLINGS = ("cls", "mean")
+
+
+@keras.saving.register_keras_serializable(package="tf_dpadam_examples")
+class MaskedMeanPooling(keras.layers.Layer):
+    """The mean of a sequence over its unpadded tokens: (batch, length,
+    width) and a (batch, length) padding mask -> (batch, width). The
+    pooling that sentence-transformers models such as all-MiniLM-L6-v2 were
+    trained with. Each example's output depends on that example only."""
+
+    def call(self, sequence, padding_mask):
+        mask = keras.ops.expand_dims(
+            keras.ops.cast(padding_mask, sequence.dtype), -1)
+        total = keras.ops.sum(sequence * mask, axis=1)
+        count = keras.ops.maximum(keras.ops.sum(mask, axis=1), 1.0)
+        return total / count
+
+
+def pool(sequence, padding_mask, pooling, cls_token_index=0):
+    """The head's input: the [CLS] state or the masked mean (`POOLINGS`).
+    The mean pooling layer is named "mean_pooling"."""
+    if pooling == "cls":
+        return sequence[:, cls_token_index, :]
+    if pooling == "mean":
+        return MaskedMeanPooling(name="mean_pooling")(sequence, padding_mask)
+    raise ValueError(f"Expected pooling={pooling!r} to be one of {POOLINGS}.")
+
+
+def classification_head(sequence, padding_mask, num_classes, *, pooling,
+                        cls_token_index, seed, dropout):
+    """Logits of a new head: `pool`, dropout and a Dense layer ("head")."""
+    pooled = pool(sequence, padding_mask, pooling, cls_token_index)
+    pooled = keras.layers.Dropout(dropout, seed=seed,
+                                  name="head_dropout")(pooled)
+    return keras.layers.Dense(
+        num_classes,
+        kernel_initializer=keras.initializers.TruncatedNormal(
+            stddev=0.02, seed=seed),
+        name="head",
+    )(pooled)
 
 
 def split_text_classifier(model, cls_token_index=0):
@@ -440,8 +476,12 @@ def split_text_classifier(model, cls_token_index=0):
     hidden = sequence
     for block in blocks:
         hidden = block(hidden, padding_mask=padding_mask)
-    cls = model.get_layer("head_dropout")(hidden[:, cls_token_index, :])
-    logits = model.get_layer("head")(cls)
+    names = [layer.name for layer in model.layers]
+    if "mean_pooling" in names:
+        pooled = model.get_layer("mean_pooling")(hidden, padding_mask)
+    else:
+        pooled = hidden[:, cls_token_index, :]
+    logits = model.get_layer("head")(model.get_layer("head_dropout")(pooled))
     top = keras.Model(
         {FROZEN_SEQUENCE: sequence, "padding_mask": padding_mask}, logits,
         name="bert_classifier_top",

@@ -98,6 +98,9 @@ def define_flags():
                       "top on its outputs (see examples.train_text).")
     flags.DEFINE_integer("lora_rank", 8,
                          "sst2_lora: rank of the LoRA factors.")
+    flags.DEFINE_enum("pooling", None, ["cls", "mean"],
+                      "sst2*: what feeds the head (default: cls for sst2,"
+                      " mean for sst2_lora and sst2_full).")
     flags.DEFINE_integer("finetune_blocks", None,
                          "sst2_lora, sst2_full: fine-tune only the top this"
                          " many transformer blocks (default: all); the"
@@ -193,7 +196,7 @@ def main(argv):
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
             cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank,
-            finetune_blocks=finetune_blocks)
+            finetune_blocks=finetune_blocks, pooling=FLAGS.pooling)
         plan = experiments.make_plan(
             task, base=base, learning_rates=learning_rates, gammas=gammas,
             seeds=FLAGS.seeds,
@@ -205,7 +208,7 @@ def main(argv):
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
             sequence_length=FLAGS.sequence_length,
             cache_frozen=FLAGS.cache_frozen, lora_rank=lora_rank,
-            finetune_blocks=finetune_blocks)
+            finetune_blocks=finetune_blocks, pooling=FLAGS.pooling)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     output_dir = FLAGS.output_dir or os.path.join(experiments.ROOT, "docs")

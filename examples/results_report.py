@@ -32,6 +32,9 @@ def describe_data(data, records):
                  f"backbone {backbone}")
         if data.get("lora_rank"):
             text += f"; LoRA rank {data['lora_rank']}"
+        if data.get("pooling") == "mean":
+            text += ("; the head reads the mean of the final token states"
+                     " (over the unpadded tokens)")
         blocks = data.get("finetune_blocks")
         if blocks:
             text += (f"; only the top {blocks} transformer blocks fine-tuned,"

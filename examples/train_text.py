@@ -77,6 +77,10 @@ def define_flags():
                          " many transformer blocks (default: all); the"
                          " embeddings and the blocks below stay frozen (and"
                          " cached with --cache_frozen).")
+    flags.DEFINE_enum("pooling", None, list(models.POOLINGS),
+                      "What feeds the head: cls (the final [CLS] state) or"
+                      " mean (the mean over the unpadded tokens); default:"
+                      " cls for last_block, mean for lora and full.")
     flags.DEFINE_bool("cache_frozen", True,
                       "With --finetune=last_block or --finetune_blocks: run"
                       " the frozen embeddings and lower blocks once over the"
@@ -101,7 +105,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
         max_examples=None, max_test_examples=None, backbone=None,
         cache_frozen=True, feature_cache=None, data_source=None,
         finetune="last_block", lora_rank=8, finetune_blocks=None,
-        **kwargs):
+        pooling=None, **kwargs):
     """Loads, tokenizes and trains; returns `training.fit_private`'s results.
 
     Args:
@@ -122,15 +126,15 @@ def run(dataset, data_dir, preset, sequence_length, config,
         data_source: a tfds text dataset read by random access instead
             (`datasets.text_data_source`; all its examples, tokenized per
             step, without the frozen-feature cache).
-        finetune, lora_rank, finetune_blocks: what trains
-            (`examples.finetune`); the frozen-feature cache applies to
-            "last_block" and to `finetune_blocks`.
+        finetune, lora_rank, finetune_blocks, pooling: what trains and
+            what feeds the head (`examples.finetune`); the frozen-feature
+            cache applies to "last_block" and to `finetune_blocks`.
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """
     finetune_lib.check_finetune(finetune, lora_rank, finetune_blocks)
     build = functools.partial(finetune_lib.make_classifier,
                               finetune=finetune, lora_rank=lora_rank,
-                              blocks=finetune_blocks)
+                              blocks=finetune_blocks, pooling=pooling)
     if data_source:
         return _run_on_source(data_source, data_dir, preset, sequence_length,
                               config, max_test_examples, backbone, build,
@@ -263,6 +267,7 @@ def main(argv):
                       data_source=FLAGS.data_source,
                       finetune=FLAGS.finetune, lora_rank=FLAGS.lora_rank,
                       finetune_blocks=FLAGS.finetune_blocks,
+                      pooling=FLAGS.pooling,
                       max_steps=caps.max_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)

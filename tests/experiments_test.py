@@ -88,7 +88,16 @@ class GridTest(absltest.TestCase):
                                   lora_rank=4),
             {"task": "sst2_lora", "dataset": "sst2_tsv", "max_examples": None,
              "max_test_examples": None, "preset": None, "sequence_length": 32,
-             "cache_frozen": False, "lora_rank": 4})
+             "cache_frozen": False, "lora_rank": 4, "pooling": "mean"})
+        # The cached top blocks and the last block's [CLS] head otherwise.
+        self.assertEqual(
+            experiments.data_spec("sst2_full", finetune_blocks=2,
+                                  pooling="cls"),
+            {"task": "sst2_full", "dataset": "sst2_tsv", "max_examples": None,
+             "max_test_examples": None, "preset": None,
+             "sequence_length": None, "cache_frozen": True,
+             "finetune_blocks": 2, "pooling": "cls"})
+        self.assertNotIn("pooling", experiments.data_spec("sst2"))
         self.assertNotIn("lora_rank", experiments.data_spec("sst2_full"))
         from examples import train_text
         for task, expected in (("sst2", {"finetune": "last_block"}),

@@ -5,7 +5,10 @@ import tempfile
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl.testing import absltest
+
+import tf_dpadam
 
 from examples import datasets
 from examples import finetune
@@ -93,6 +96,55 @@ class FinetuneModesTest(absltest.TestCase):
                 self.assertEmpty(frozen.trainable_variables)
                 self.assertCountEqual(
                     [v.path for v in top.trainable_variables], trainable)
+
+    def test_mean_pooled_modes_equal_brute_force(self):
+        """One noise-free DP-SGD step of LoRA / full fine-tuning with the
+        mean-pooled head (the default for these modes; padded tokens left
+        out of the mean) equals brute-force per-example clipping."""
+        rng = np.random.default_rng(0)
+        length, batch = 8, helpers.BATCH
+        padding = (np.arange(length)
+                   < rng.integers(2, length + 1, size=batch)[:, None])
+        x = {"token_ids": rng.integers(1, 30, size=(batch, length)) * padding,
+             "segment_ids": np.zeros((batch, length)),
+             "padding_mask": padding}
+        x = {k: tf.constant(v, "int32") for k, v in x.items()}
+        y = tf.constant(rng.integers(0, 2, size=batch))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        for mode, blocks in (("lora", 1), ("full", None)):
+            with self.subTest(mode):
+                keras.utils.set_random_seed(0)
+                model, _ = finetune.make_classifier(
+                    models.make_tiny_bert(num_layers=2, sequence_length=8,
+                                          dropout=0.0),
+                    2, finetune=mode, lora_rank=2, blocks=blocks,
+                    dropout=0.0)
+                self.assertIn("mean_pooling",
+                              [layer.name for layer in model.layers])
+                variables = model.trainable_variables
+                clip, want = helpers.reference_dpsgd_step(self, model, loss,
+                                                          x, y)
+                before = helpers.numpy_values(variables)
+                private = tf_dpadam.make_private(model)
+                private.compile(
+                    optimizer=tf_dpadam.DPSGD(
+                        l2_norm_clip=clip, noise_multiplier=0.0,
+                        learning_rate=1.0, batch_size=batch),
+                    loss=loss)
+                private.train_on_batch(x, y)
+                self.assertEqual(private.clipping_used, "ghost")
+                helpers.assert_update(variables, before, want)
+
+    def test_mean_pooling_ignores_padding(self):
+        sequence = np.arange(2 * 3 * 2, dtype="float32").reshape(2, 3, 2)
+        mask = np.array([[1, 1, 0], [1, 0, 0]], "int32")
+        np.testing.assert_allclose(
+            models.MaskedMeanPooling()(sequence, mask),
+            [sequence[0, :2].mean(0), sequence[1, 0]])
+        with self.assertRaisesRegex(ValueError, "pooling='max'"):
+            finetune.make_classifier(
+                models.make_tiny_bert(sequence_length=8), 2, finetune="lora",
+                pooling="max")
 
     def test_cached_lora_top_block_run_saves_the_classifier(self):
         """A LoRA run on the top block's cached inputs saves a classifier
