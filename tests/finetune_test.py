@@ -5,7 +5,6 @@ import tempfile
 
 import keras
 import numpy as np
-import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
@@ -101,15 +100,8 @@ class FinetuneModesTest(absltest.TestCase):
         """One noise-free DP-SGD step of LoRA / full fine-tuning with the
         mean-pooled head (the default for these modes; padded tokens left
         out of the mean) equals brute-force per-example clipping."""
-        rng = np.random.default_rng(0)
-        length, batch = 8, helpers.BATCH
-        padding = (np.arange(length)
-                   < rng.integers(2, length + 1, size=batch)[:, None])
-        x = {"token_ids": rng.integers(1, 30, size=(batch, length)) * padding,
-             "segment_ids": np.zeros((batch, length)),
-             "padding_mask": padding}
-        x = {k: tf.constant(v, "int32") for k, v in x.items()}
-        y = tf.constant(rng.integers(0, 2, size=batch))
+        batch = helpers.BATCH
+        x, y = helpers.random_bert_batch(np.random.default_rng(0), 8, batch)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         for mode, blocks in (("lora", 1), ("full", None)):
             with self.subTest(mode):

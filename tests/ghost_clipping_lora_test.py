@@ -266,15 +266,8 @@ class LoraBertTest(parameterized.TestCase):
         self.assertTrue(all(v.startswith("ghost") for v in described.values()),
                         described)
 
-        rng = helpers.rng(5)
         batch = helpers.BATCH
-        padding = (np.arange(length)
-                   < rng.integers(2, length + 1, size=batch)[:, None])
-        x = {"token_ids": rng.integers(1, 30, size=(batch, length)) * padding,
-             "segment_ids": np.zeros((batch, length)),
-             "padding_mask": padding}
-        x = {k: tf.constant(v, "int32") for k, v in x.items()}
-        y = tf.constant(rng.integers(0, 2, size=batch))
+        x, y = helpers.random_bert_batch(helpers.rng(5), length, batch)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         variables = model.trainable_variables

@@ -290,6 +290,20 @@ def reference_dpsgd_step(test, model, loss, x, y):
     return clip, [-s.numpy() / len(norms) for s in summed]
 
 
+def random_bert_batch(rng, length, batch=BATCH, vocabulary=30):
+    """`(x, y)`: a BERT token dict of `batch` random sequences of `length`
+    with 2 to `length` real tokens each (the rest padding), and binary
+    labels; int32 tensors."""
+    padding = (np.arange(length)
+               < rng.integers(2, length + 1, size=batch)[:, None])
+    x = {"token_ids": rng.integers(1, vocabulary, size=(batch, length))
+         * padding,
+         "segment_ids": np.zeros((batch, length)),
+         "padding_mask": padding}
+    x = {k: tf.constant(v, "int32") for k, v in x.items()}
+    return x, tf.constant(rng.integers(0, 2, size=batch))
+
+
 def assert_update(variables, before, want):
     """The variables moved from `before` by `want` (float tolerance)."""
     scale = max(float(np.max(np.abs(w))) for w in want)
