@@ -50,6 +50,16 @@ TASKS = {
                  " on the mean of the final token states trained"
                  " (examples.finetune)",
     },
+    # Issue 18's text point: a small transformer from scratch.
+    "sst2_scratch": {
+        "kind": "text", "dataset": "sst2_tsv",
+        "name": "SST-2 (transformer from scratch)",
+        "paper_dataset": "SNLI", "finetune": "scratch",
+        "model": "a 2-block BERT (128 wide, 2 heads, FFN 512) randomly"
+                 " initialized on MiniLM's WordPiece vocabulary and trained"
+                 " whole, with a head on the mean of the final token states"
+                 " (examples.finetune)",
+    },
 }
 
 

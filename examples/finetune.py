@@ -13,6 +13,10 @@ Three modes (`train_text --finetune`):
 * "full": every weight of the pretrained backbone and the head trained
   (Li et al. 2022), with ghost clipping choosing per layer between the
   ghost norm and materializing the per-example gradient.
+* "scratch": no pretrained weight: a small BERT (`SCRATCH_SHAPE`: 2 blocks,
+  128 wide) randomly initialized on the preset's tokenizer and trained
+  whole with the head, the setting where Adam matters most (issue 18's
+  text point).
 
 LoRA and full fine-tuning keep the pretrained weights (nothing is
 re-initialized) and put a new head on the mean of the final token states
@@ -29,7 +33,10 @@ import keras
 
 from examples import models
 
-FINETUNE_MODES = ("last_block", "lora", "full")
+FINETUNE_MODES = ("last_block", "lora", "full", "scratch")
+# "scratch": a small BERT, randomly initialized, on the preset's vocabulary.
+SCRATCH_SHAPE = dict(num_layers=2, hidden_dim=128, num_heads=2,
+                     intermediate_dim=512)
 # The attention projections of a keras-hub BERT block.
 LORA_TARGETS = ("query", "key", "value", "attention_output")
 
@@ -51,6 +58,10 @@ def check_finetune(finetune, lora_rank, blocks=None):
             raise ValueError(
                 f"finetune_blocks={blocks} is for finetune='lora' or"
                 " 'full'; 'last_block' trains one re-initialized block.")
+        if finetune == "scratch":
+            raise ValueError(
+                f"finetune_blocks={blocks} is for finetune='lora' or"
+                " 'full'; 'scratch' trains every weight.")
 
 
 def cacheable(finetune, blocks):
@@ -73,7 +84,8 @@ def make_classifier(preset, num_classes, finetune="last_block",
         preset, num_classes, sequence_length, seed, dropout: as for
             `models.make_text_classifier` (`preset` may be a built
             `(backbone, preprocessor)` pair).
-        finetune: "last_block", "lora" or "full" (module docstring).
+        finetune: "last_block", "lora", "full" or "scratch" (module
+            docstring).
         lora_rank: the rank of the LoRA factors ("lora" only).
         blocks: "lora" and "full": how many top transformer blocks train
             (None: the whole backbone; else the embeddings and the blocks
@@ -106,6 +118,8 @@ def make_classifier(preset, num_classes, finetune="last_block",
         backbone, preprocessor = preset
     else:
         backbone, preprocessor = models.load_bert(preset, sequence_length)
+    if finetune == "scratch":
+        backbone = _scratch_backbone(preprocessor, seed, dropout)
     if finetune == "lora":
         # The factors' initializers draw from Python's `random`: seed it.
         # pylint: disable-next=protected-access
@@ -121,6 +135,19 @@ def make_classifier(preset, num_classes, finetune="last_block",
     model = keras.Model(backbone.input, logits,
                         name=f"bert_classifier_{finetune}")
     return model, preprocessor
+
+
+def _scratch_backbone(preprocessor, seed, dropout):
+    """A `SCRATCH_SHAPE` BERT for `preprocessor`'s tokens, its weights a
+    function of `seed` (nothing pretrained)."""
+    import keras_hub  # Only the text models need it.
+
+    # pylint: disable-next=protected-access
+    with models._python_random_seed(seed):
+        return keras_hub.models.BertBackbone(
+            vocabulary_size=preprocessor.tokenizer.vocabulary_size(),
+            max_sequence_length=preprocessor.sequence_length,
+            dropout=dropout, **SCRATCH_SHAPE)
 
 
 def _make_top_blocks_classifier(preset, num_classes, finetune,

@@ -63,7 +63,8 @@ def define_flags():
                       "CIFAR-10 experiment); sst2: BERT on SST-2 (its SNLI "
                       "experiment: last block and head); sst2_lora,"
                       " sst2_full: the same data, LoRA or full fine-tuning"
-                      " of the pretrained BERT (examples.finetune).")
+                      " of the pretrained BERT; sst2_scratch: a small BERT"
+                      " trained from scratch (examples.finetune).")
     flags.DEFINE_enum("phase", "all",
                       ["tune", "seeds", "ceiling", "all", "report"],
                       "tune: the grid at the first seed; seeds: the best "
@@ -169,7 +170,7 @@ def main(argv):
                  if experiments.finetune_of(task) == "lora" else None)
     finetune_blocks = FLAGS.finetune_blocks
     if (finetune_blocks is not None
-            and experiments.finetune_of(task) == "last_block"):
+            and experiments.finetune_of(task) in ("last_block", "scratch")):
         raise app.UsageError(
             "--finetune_blocks is for --task=sst2_lora or sst2_full.")
     try:

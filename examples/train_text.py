@@ -68,8 +68,9 @@ def define_flags():
                       list(finetune_lib.FINETUNE_MODES),
                       "What trains: last_block (re-initialized last block and"
                       " head, the paper's setting), lora (LoRA factors on"
-                      " every attention projection, and the head) or full"
-                      " (every weight).")
+                      " every attention projection, and the head), full"
+                      " (every weight) or scratch (a small BERT from scratch"
+                      " on the preset's vocabulary).")
     flags.DEFINE_integer("lora_rank", 8, "Rank of the LoRA factors"
                          " (--finetune=lora).")
     flags.DEFINE_integer("finetune_blocks", None,

@@ -103,7 +103,7 @@ class FinetuneModesTest(absltest.TestCase):
         batch = helpers.BATCH
         x, y = helpers.random_bert_batch(np.random.default_rng(0), 8, batch)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        for mode, blocks in (("lora", 1), ("full", None)):
+        for mode, blocks in (("lora", 1), ("full", None), ("scratch", None)):
             with self.subTest(mode):
                 keras.utils.set_random_seed(0)
                 model, _ = finetune.make_classifier(
@@ -126,6 +126,33 @@ class FinetuneModesTest(absltest.TestCase):
                 private.train_on_batch(x, y)
                 self.assertEqual(private.clipping_used, "ghost")
                 helpers.assert_update(variables, before, want)
+
+    def test_scratch_is_a_small_random_bert_on_the_vocabulary(self):
+        pair = models.make_tiny_bert(sequence_length=8)
+        pretrained = pair[0].get_layer("token_embedding").get_weights()[0]
+        model, preprocessor = finetune.make_classifier(
+            pair, 2, finetune="scratch", seed=1)
+        self.assertIs(preprocessor, pair[1])
+        self.assertLen(model.trainable_variables, len(model.weights))
+        table = model.get_layer("token_embedding").get_weights()[0]
+        self.assertEqual(
+            table.shape, (preprocessor.tokenizer.vocabulary_size(),
+                          finetune.SCRATCH_SHAPE["hidden_dim"]))
+        self.assertNotEqual(table.shape, pretrained.shape)
+        self.assertLen([layer for layer in model.layers
+                        if "transformer_layer" in layer.name],
+                       finetune.SCRATCH_SHAPE["num_layers"])
+        # The seed decides the weights.
+        again, _ = finetune.make_classifier(pair, 2, finetune="scratch",
+                                            seed=1)
+        other, _ = finetune.make_classifier(pair, 2, finetune="scratch",
+                                            seed=2)
+        np.testing.assert_array_equal(
+            again.get_layer("token_embedding").get_weights()[0], table)
+        self.assertFalse(np.array_equal(
+            other.get_layer("token_embedding").get_weights()[0], table))
+        with self.assertRaisesRegex(ValueError, "finetune_blocks=1"):
+            finetune.check_finetune("scratch", 8, blocks=1)
 
     def test_mean_pooling_ignores_padding(self):
         sequence = np.arange(2 * 3 * 2, dtype="float32").reshape(2, 3, 2)
