@@ -155,32 +155,66 @@ class ReversibleEmbeddingRule(EmbeddingRule):
                                   from_matrix=matrix.from_matrix)
 
 
+# `EmbeddingBlock` groups the positions of an example by id by comparing all
+# pairs of positions (B T^2 integer comparisons: no more than the B T p floats
+# of the output gradient while T <= p) when T <= max(p, this), else by
+# sorting each example's ids (B T log T). The pairs keep sorts out of XLA
+# programs: on CPU (TF 2.21), a sort anywhere in the program makes XLA inline
+# its random number generators and recompute the Philox key of every dropout
+# mask at each element, ~100x slower (full fine-tuning of MiniLM, seq 128,
+# B = 32: the clipped sum took 34 s instead of 4 s).
+PAIRWISE_MAX_LENGTH = 128
+
+
 class EmbeddingBlock:
     """Embedding rows gathered at ids `[B, T]`: grad_i = sum_t e_{id_t} g_t^T.
 
-    Squared norm: sum over distinct ids of ||sum of g_t with that id||^2,
-    computed by sorting each example's ids and summing runs (O(B T p)).
+    Squared norm: sum over distinct ids of ||sum of g_t with that id||^2: the
+    output gradients of each id's positions are summed into one segment per
+    id (O(B T p)). The segments are the first position of the id in the
+    example, found by comparing all pairs of positions (O(B T^2), while T <=
+    max(p, `PAIRWISE_MAX_LENGTH`)), or runs of the example's sorted ids.
     """
 
     def __init__(self, ids, g, vocabulary_size):
         self.ids, self.g = ids, g
         self.vocabulary_size = vocabulary_size
 
-    def squared_norms(self, reg_grad=None):
+    def _pairwise(self):
+        length = self.ids.shape[1]  # None if unknown while tracing
+        return (length is not None
+                and length <= max(self.g.shape[2], PAIRWISE_MAX_LENGTH))
+
+    def _segments(self):
+        """`(segments, g)`: each position's segment `[B, T]` (in [0, T); the
+        positions of one id share one) and the output gradients `[B, T, p]`
+        in the order of `segments`."""
         ids, g = self.ids, self.g
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
+        if self._pairwise():
+            # The first position of each position's id in its example.
+            positions = tf.range(length)
+            same = ids[:, :, None] == ids[:, None, :]  # [B, T, T]
+            first = tf.reduce_min(
+                tf.where(same, positions[None, None, :], length), axis=2
+            )
+            return first, g
         order = tf.argsort(ids, axis=1, stable=True)
         sorted_ids = tf.gather(ids, order, batch_dims=1)
-        sorted_g = tf.gather(g, order, batch_dims=1)
         new_run = tf.concat(
             [tf.ones([batch, 1], tf.int32),
              tf.cast(sorted_ids[:, 1:] != sorted_ids[:, :-1], tf.int32)],
             axis=1,
         )
-        runs = tf.cumsum(new_run, axis=1) - 1
-        segments = runs + tf.range(batch)[:, None] * length
+        return tf.cumsum(new_run, axis=1) - 1, tf.gather(g, order, batch_dims=1)
+
+    def squared_norms(self, reg_grad=None):
+        ids, g = self.ids, self.g
+        batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
+        segments, ordered_g = self._segments()
+        segments = segments + tf.range(batch)[:, None] * length
         sums = tf.math.unsorted_segment_sum(
-            tf.reshape(sorted_g, [batch * length, -1]),
+            tf.reshape(ordered_g, [batch * length, -1]),
             tf.reshape(segments, [-1]),
             batch * length,
         )
