@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from examples import common
 from examples import experiments
+import tf_dpadam
 from tf_dpadam import dp_math
 from tf_dpadam import ghost_clipping
 from tf_dpadam import keras_internals
@@ -302,6 +303,20 @@ def random_bert_batch(rng, length, batch=BATCH, vocabulary=30):
          "padding_mask": padding}
     x = {k: tf.constant(v, "int32") for k, v in x.items()}
     return x, tf.constant(rng.integers(0, 2, size=batch))
+
+
+def noise_free_dpsgd_step(model, loss, clip, x, y, clipping="auto"):
+    """`make_private(model)` after one DP-SGD step on `(x, y)` with C =
+    `clip`, no noise, learning rate 1 and B = the batch (the step that
+    `reference_dpsgd_step` computes by brute force)."""
+    private = tf_dpadam.make_private(model, clipping=clipping)
+    private.compile(
+        optimizer=tf_dpadam.DPSGD(
+            l2_norm_clip=clip, noise_multiplier=0.0, learning_rate=1.0,
+            batch_size=int(y.shape[0])),
+        loss=loss)
+    private.train_on_batch(x, y)
+    return private
 
 
 def assert_update(variables, before, want):
