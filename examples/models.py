@@ -2,7 +2,7 @@
 
 - `make_cnn`: the 5-layer tanh CNN of the image experiments, optionally
   with group normalization and weight-standardized convolutions
-  (`WSConv2D`).
+  (`tf_dpadam.layers.WSConv2D`).
 - `make_text_classifier`: a keras-hub BERT whose embeddings and lower blocks
   are frozen, whose last block(s) are re-initialized and trained, with a new
   linear head on the [CLS] token (the text setting of the paper).
@@ -22,6 +22,8 @@ import random
 
 import keras
 import numpy as np
+
+from tf_dpadam import layers as dp_layers
 
 TEXT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 
@@ -68,12 +70,11 @@ def make_cnn(input_shape, num_classes, normalization="none"):
         num_classes: outputs (logits).
         normalization: "none" (the paper's CNN) or "group": each of the four
             tanh convs becomes a weight-standardized conv without bias
-            (`WSConv2D`), `CNN_GROUPS` groups of GroupNormalization and the
-            tanh, as in De et al., "Unlocking High-Accuracy Differentially
+            (`tf_dpadam.layers.WSConv2D`), `CNN_GROUPS` groups of
+            GroupNormalization and the tanh, as in De et al., "Unlocking High-Accuracy Differentially
             Private Image Classification through Scale" (2022). Both
-            normalize each example on its own (no example mixing); their
-            per-example gradients are exact through ghost clipping's fallback
-            rule (a vectorized map over each such layer).
+            normalize each example on its own (no example mixing); ghost
+            clipping has exact rules for both.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"Expected normalization={normalization!r} in"
@@ -81,7 +82,8 @@ def make_cnn(input_shape, num_classes, normalization="none"):
     layers = [keras.Input(input_shape)]
     for i, filters in enumerate((32, 64, 128, 256)):
         if normalization == "group":
-            layers += [WSConv2D(filters, 3, padding="same", use_bias=False),
+            layers += [dp_layers.WSConv2D(filters, 3, padding="same",
+                                          use_bias=False),
                        keras.layers.GroupNormalization(CNN_GROUPS),
                        keras.layers.Activation("tanh")]
         else:
@@ -95,40 +97,6 @@ def make_cnn(input_shape, num_classes, normalization="none"):
     ]
     name = "paper_cnn" if normalization == "none" else "paper_cnn_gn_ws"
     return keras.Sequential(layers, name=name)
-
-
-def standardize_kernel(kernel, epsilon):
-    """Each output channel's weights (the last axis) minus their mean,
-    divided by sqrt(their variance + epsilon)."""
-    axes = tuple(range(len(kernel.shape) - 1))
-    mean = keras.ops.mean(kernel, axis=axes, keepdims=True)
-    variance = keras.ops.var(kernel, axis=axes, keepdims=True)
-    return (kernel - mean) * keras.ops.rsqrt(variance + epsilon)
-
-
-@keras.saving.register_keras_serializable(package="tf_dpadam_examples")
-class WSConv2D(keras.layers.Conv2D):
-    """A Conv2D whose kernel is standardized per output channel in each call
-    (weight standardization, Qiao et al. 2019): `standardize_kernel`.
-
-    The trained variable is the raw kernel. The standardization is a
-    function of the weights alone, so an example's gradient still depends
-    on that example only; ghost clipping has no rule for the standardized
-    kernel (`convolution_op` is overridden) and clips this layer through its
-    exact fallback rule.
-    """
-
-    def __init__(self, *args, standardization_epsilon=1e-5, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.standardization_epsilon = standardization_epsilon
-
-    def convolution_op(self, inputs, kernel):
-        return super().convolution_op(
-            inputs, standardize_kernel(kernel, self.standardization_epsilon))
-
-    def get_config(self):
-        return {**super().get_config(),
-                "standardization_epsilon": self.standardization_epsilon}
 
 
 # --------------------------------------------------------------------------

@@ -74,6 +74,18 @@ def _cnn():
     ]), _rng(1).normal(size=(_B, 6, 6, 2)).astype("float32")
 
 
+def _group_normalized_cnn():
+    # WSConv2D and GroupNormalization (ghost rules of their own), Dense.
+    return keras.Sequential([
+        keras.Input((6, 6, 2)),
+        tf_dpadam.layers.WSConv2D(4, 3, use_bias=True),
+        layers.GroupNormalization(2),
+        layers.Activation("tanh"),
+        layers.Flatten(),
+        layers.Dense(3),
+    ]), _rng(1).normal(size=(_B, 6, 6, 2)).astype("float32")
+
+
 def _sequence():
     # Embedding, a Dense at 4 positions, LayerNormalization (all ghost).
     return keras.Sequential([
@@ -90,6 +102,7 @@ _MODELS = {
     "mlp": functools.partial(
         _mlp, kernel_regularizer=keras.regularizers.L2(0.01)),
     "cnn": _cnn,
+    "group_normalized_cnn": _group_normalized_cnn,
     "sequence": _sequence,
     # Ghost clipping refuses activity regularization: "auto" is vectorized.
     "activity": functools.partial(
@@ -177,6 +190,7 @@ class AugmultTest(parameterized.TestCase):
         self.assertLess(error, atol * scale, f"max |error| {error:.3g}")
 
     @parameterized.parameters(("mlp", 1), ("mlp", 3), ("cnn", 3),
+                              ("group_normalized_cnn", 3),
                               ("sequence", 3), ("activity", 3))
     def test_brute_force_ghost_vectorized(self, model, augmult):
         base, x, y = _build(model)

@@ -94,17 +94,17 @@ class GroupNormalizedCnnTest(absltest.TestCase):
 
     def test_layers_and_weight_standardization(self):
         model = models.make_cnn((8, 8, 1), 3, normalization="group")
-        convs = [l for l in model.layers if isinstance(l, models.WSConv2D)]
+        convs = [l for l in model.layers if isinstance(l, tf_dpadam.layers.WSConv2D)]
         norms = [l for l in model.layers
                  if isinstance(l, keras.layers.GroupNormalization)]
         self.assertEqual([c.filters for c in convs], [32, 64, 128, 256])
         self.assertFalse(any(c.use_bias for c in convs))
         self.assertEqual([n.groups for n in norms], [models.CNN_GROUPS] * 4)
-        self.assertNotIsInstance(model.layers[-2], models.WSConv2D)
+        self.assertNotIsInstance(model.layers[-2], tf_dpadam.layers.WSConv2D)
         self.assertFalse(has_batch_norm(model))
         # Each output channel of the kernel the conv applies has mean 0
         # and variance 1 (up to epsilon).
-        kernel = models.standardize_kernel(convs[1].kernel, 1e-5)
+        kernel = tf_dpadam.layers.standardize_kernel(convs[1].kernel, 1e-5)
         np.testing.assert_allclose(keras.ops.mean(kernel, (0, 1, 2)), 0,
                                    atol=1e-6)
         np.testing.assert_allclose(keras.ops.var(kernel, (0, 1, 2)), 1,
@@ -112,13 +112,13 @@ class GroupNormalizedCnnTest(absltest.TestCase):
         x = np.random.default_rng(0).random((2, 8, 8, 1), np.float32)
         np.testing.assert_allclose(
             convs[0](x), keras.ops.conv(
-                x, models.standardize_kernel(convs[0].kernel, 1e-5),
+                x, tf_dpadam.layers.standardize_kernel(convs[0].kernel, 1e-5),
                 padding="same"), atol=1e-5)
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "cnn.keras")
             model.save(path)
             loaded = keras.models.load_model(path)
-        self.assertIsInstance(loaded.layers[0], models.WSConv2D)
+        self.assertIsInstance(loaded.layers[0], tf_dpadam.layers.WSConv2D)
         np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
         with self.assertRaisesRegex(ValueError, "normalization='batch'"):
             models.make_cnn((8, 8, 1), 3, normalization="batch")
@@ -126,9 +126,9 @@ class GroupNormalizedCnnTest(absltest.TestCase):
     def test_private_step_is_brute_force_clipping(self):
         # One noise-free DP-SGD step (learning rate 1) moves the weights by
         # -(1/B) sum_j min(1, C / ||g_j||) g_j, g_j from a GradientTape on
-        # example j alone, with C the median norm: ghost clipping (whose
-        # fallback rule takes the standardized convs and the group norms)
-        # and the vectorized path.
+        # example j alone, with C the median norm: ghost clipping (with its
+        # rules for the standardized convs and the group norms) and the
+        # vectorized path.
         keras.utils.set_random_seed(0)
         model = models.make_cnn((8, 8, 1), 3, normalization="group")
         rng = np.random.default_rng(0)
@@ -151,9 +151,10 @@ class GroupNormalizedCnnTest(absltest.TestCase):
         want = [-sum(f * example[i] for f, example in zip(factors, grads))
                 / len(x) for i in range(len(variables))]
         described = ghost_clipping.describe(model)
-        for layer in model.layers[:2]:  # WSConv2D, GroupNormalization
-            self.assertTrue(described[layer.name].startswith("fallback"),
-                            described)
+        for layer, rule in zip(model.layers[:2],
+                               ("WSConv", "GroupNormalization")):
+            self.assertEqual(described[layer.name], f"ghost ({rule})",
+                             described)
         for clipping in ("auto", "vectorized"):
             for variable, value in zip(variables, before):
                 variable.assign(value)

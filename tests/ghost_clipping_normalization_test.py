@@ -1,4 +1,5 @@
-"""Ghost clipping of LayerNormalization against explicit clipping."""
+"""Ghost clipping of LayerNormalization and GroupNormalization against
+explicit clipping."""
 
 import keras
 from absl.testing import absltest
@@ -28,6 +29,31 @@ class LayerNormalizationTest(helpers.GhostLockstepMixin, parameterized.TestCase)
         x, y = helpers.normal((helpers.BATCH, *input_shape)), helpers.normal((helpers.BATCH, 3), seed=1)
         self.assert_kinds(model, layer_normalization="ghost")
         self.assert_lockstep(model, x, y)
+
+    @parameterized.named_parameters(
+        ("image", {}, (5, 4, 6), False),
+        ("sequence", {"groups": 3}, (4, 6), False),
+        ("one_group", {"groups": 1}, (4, 6), False),
+        ("channels_first", {"axis": 1}, (6, 5, 4), False),
+        ("scale_only", {"center": False}, (5, 4, 6), False),
+        ("center_only", {"scale": False}, (5, 4, 6), False),
+        ("image_jit", {}, (5, 4, 6), True),
+    )
+    def test_group_normalization(self, kwargs, input_shape, jit):
+        keras.utils.set_random_seed(0)
+        kwargs = {"groups": 2, **kwargs}
+        norm = keras.layers.GroupNormalization(
+            gamma_initializer="random_normal", beta_initializer="random_normal",
+            name="group_normalization", **kwargs,
+        )
+        # A Dense before it (channels last) so its input varies per example.
+        model = helpers.sequential(
+            input_shape, keras.layers.Dense(input_shape[-1]), norm,
+            keras.layers.Flatten(), keras.layers.Dense(3))
+        x = helpers.normal((helpers.BATCH, *input_shape))
+        y = helpers.normal((helpers.BATCH, 3), seed=1)
+        self.assert_kinds(model, group_normalization="ghost")
+        self.assert_lockstep(model, x, y, jit=jit)
 
 
 if __name__ == "__main__":

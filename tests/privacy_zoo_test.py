@@ -274,6 +274,13 @@ _CONVS = {
         filters=3, kernel_size=3, strides=2, padding="same")),
     "conv3d_transpose": ((3, 3, 3, 2), layers.Conv3DTranspose, dict(
         filters=2, kernel_size=2, strides=2, activation="tanh")),
+    # Weight standardization (this package's layer, its own ghost rule).
+    "ws_conv2d_strided": ((6, 6, 3), tf_dpadam.layers.WSConv2D, dict(
+        filters=4, kernel_size=3, strides=2, padding="same",
+        activation="tanh")),
+    "ws_conv2d_valid_dilated_bias": ((6, 6, 3), tf_dpadam.layers.WSConv2D,
+                                     dict(filters=3, kernel_size=2,
+                                          dilation_rate=2, use_bias=True)),
 }
 
 
@@ -359,6 +366,11 @@ _NORMS = {
 for _name, _layer in _NORMS.items():
     _add(_name, lambda layer=_layer: _head(
         (4, 6), keras.Sequential([layers.Dense(6), layer()])))
+
+# De et al.'s block: weight-standardized conv, group norm, tanh.
+_add("ws_conv2d_group_norm", lambda: _head((6, 6, 3), keras.Sequential([
+    tf_dpadam.layers.WSConv2D(4, 3, padding="same", use_bias=False),
+    layers.GroupNormalization(2), layers.Activation("tanh")])))
 
 _add("batch_norm", lambda: _head(
     (4, 6), layers.BatchNormalization(name="batch_norm")),

@@ -3,6 +3,7 @@
 from tf_dpadam import audit
 from tf_dpadam import data
 from tf_dpadam import diagnostics
+from tf_dpadam import layers
 from tf_dpadam import sharding
 from tf_dpadam.accounting import calibrate_noise_multiplier
 from tf_dpadam.accounting import calibrate_steps

@@ -20,7 +20,8 @@ Layout (the step knows no layer; a rule knows no clipping):
 * one module per layer family: `dense.py` (Dense, EinsumDense), `lora.py`
   (Dense and EinsumDense with LoRA enabled),
   `convolution.py` (Conv1D, Conv2D), `embedding.py` (Embedding,
-  ReversibleEmbedding), `normalization.py` (LayerNormalization),
+  ReversibleEmbedding), `normalization.py` (LayerNormalization,
+  GroupNormalization), `standardized.py` (`tf_dpadam.layers.WSConv2D`),
   `keras_hub.py` (keras-hub's PositionEmbedding, once keras_hub is
   imported), `fallback.py` (any other layer with weights: a vectorized map
   over that layer alone).

@@ -112,8 +112,8 @@ class ConvolutionRule(rule.Rule):
         if padding == "causal":
             x = ops.pad(x, keras_internals.causal_padding(layer))
             padding = "valid"
-        z = ops.conv(
-            x, rule.stopped(layer.kernel), strides=list(layer.strides),
+        z = conv = ops.conv(
+            x, self.kernel_value(), strides=list(layer.strides),
             padding=padding, dilation_rate=layer.dilation_rate,
             data_format=layer.data_format,
         )
@@ -125,27 +125,46 @@ class ConvolutionRule(rule.Rule):
             z = ops.add(z, ops.reshape(rule.stopped(layer.bias), shape))
         recording.tape.watch(z)
         self.records.append({
-            "a": recording.check_batch(x, layer), "padding": padding, "taps": [z]
+            "a": recording.check_batch(x, layer), "padding": padding,
+            "conv": conv, "taps": [z],
         })
         return layer.activation(z) if layer.activation is not None else z
 
-    def blocks(self, recording, tap_grads):
+    def kernel_value(self):
+        """The kernel the layer convolves with, its gradient stopped."""
+        return rule.stopped(self.layer.kernel)
+
+    def channels_last(self, tap_grads):
+        """Per record: `(input, padding)`, the output gradient and the
+        convolution's output before the bias, in float32, channels last and
+        2-D (a Conv1D's positions as one row)."""
         layer = self.layer
-        kernel, bias = self.variable("kernel"), self.variable("bias")
-        inputs, grads = [], []
+        inputs, grads, convs = [], [], []
         for record, (g,) in zip(self.records, tap_grads):
-            x = ops.cast(record["a"], "float32")
-            g = ops.cast(g, "float32")
+            x, g, conv = (ops.cast(t, "float32")
+                          for t in (record["a"], g, record["conv"]))
             if layer.data_format == "channels_first":
-                x = tf.transpose(x, [0, *range(2, layer.rank + 2), 1])
-                g = tf.transpose(g, [0, *range(2, layer.rank + 2), 1])
+                x, g, conv = (tf.transpose(t, [0, *range(2, layer.rank + 2), 1])
+                              for t in (x, g, conv))
             if layer.rank == 1:
-                x, g = x[:, None], g[:, None]
+                x, g, conv = x[:, None], g[:, None], conv[:, None]
             inputs.append((x, record["padding"]))
             grads.append(g)
+            convs.append(conv)
+        return inputs, grads, convs
+
+    def kernel_block(self, recording, inputs, grads, convs):
+        """The kernel's block."""
+        del convs
+        return ConvolutionBlock(self.layer, inputs, grads, recording)
+
+    def blocks(self, recording, tap_grads):
+        kernel, bias = self.variable("kernel"), self.variable("bias")
+        inputs, grads, convs = self.channels_last(tap_grads)
         out = {}
         if kernel is not None:
-            out[id(kernel)] = [ConvolutionBlock(layer, inputs, grads, recording)]
+            out[id(kernel)] = [
+                self.kernel_block(recording, inputs, grads, convs)]
         if bias is not None:
             out[id(bias)] = [blocks.MaterializedBlock(tf.add_n([
                 ops.sum(g, axis=(1, 2)) for g in grads

@@ -1,9 +1,12 @@
-"""The rule for `LayerNormalization`: a per-feature scale and offset.
+"""The rules for `LayerNormalization` and `GroupNormalization`: a per-feature
+scale and offset.
 
 `z = gamma * normalized(x) + beta` with `normalized(x)` free of weights, so
 example i's gradients are `sum normalized(x_i) * g_i` (gamma) and `sum g_i`
-(beta) over the axes that are not normalized: small, materialized.
+(beta) over the axes that gamma and beta do not span: small, materialized.
 Normalizing over the batch axis would mix examples and is refused.
+GroupNormalization normalizes each example over its positions and the
+channels of a group, with gamma and beta per channel.
 """
 
 from keras import ops
@@ -17,21 +20,29 @@ class LayerNormalizationRule(rule.Rule):
     name = "LayerNormalization"
     weight_names = ("gamma", "beta")
 
+    def normalize(self, x):
+        """`(normalized x, the axes gamma and beta span)`; None for the axes
+        when the layer would mix examples."""
+        layer = self.layer
+        axes = sorted(a % len(x.shape) for a in layer.axis)
+        if 0 in axes:
+            return x, None
+        return ops.layer_normalization(
+            x, None, None, axis=axes, epsilon=layer.epsilon,
+            rms_scaling=layer.rms_scaling,
+        ), axes
+
     def intercept(self, recording, original, *args, **kwargs):
         layer = self.layer
         x = rule.first_input(args, kwargs)
         rank = len(x.shape)
-        axes = sorted(a % rank for a in layer.axis)
-        if 0 in axes:
+        normalized, axes = self.normalize(x)
+        if axes is None:
             recording.error(
-                f"LayerNormalization {layer.name!r} normalizes over the batch"
+                f"{self.name} {layer.name!r} normalizes over the batch"
                 " axis (it mixes examples)"
             )
             return original(*args, **kwargs)
-        normalized = ops.layer_normalization(
-            x, None, None, axis=axes, epsilon=layer.epsilon,
-            rms_scaling=layer.rms_scaling,
-        )
         broadcast = [1] * rank
         for a in axes:
             broadcast[a] = x.shape[a]
@@ -65,3 +76,27 @@ class LayerNormalizationRule(rule.Rule):
         if beta is not None:
             out[id(beta)] = [blocks.MaterializedBlock(ops.sum(beta_grads, axis=0))]
         return out
+
+
+class GroupNormalizationRule(LayerNormalizationRule):
+
+    name = "GroupNormalization"
+
+    def normalize(self, x):
+        layer = self.layer
+        rank = len(x.shape)
+        axis = layer.axis % rank
+        if axis == 0:
+            return x, None
+        x = ops.cast(x, "float32")
+        dims = [d if d is not None else ops.shape(x)[i]
+                for i, d in enumerate(x.shape)]
+        # The channel axis as (groups, channels per group); every other axis
+        # but the batch and the groups is normalized over.
+        grouped = ops.reshape(x, [*dims[:axis], layer.groups,
+                                  dims[axis] // layer.groups,
+                                  *dims[axis + 1:]])
+        reduce = [i for i in range(1, rank + 1) if i != axis]
+        mean, variance = ops.moments(grouped, axes=reduce, keepdims=True)
+        normalized = (grouped - mean) * ops.rsqrt(variance + layer.epsilon)
+        return ops.reshape(normalized, dims), [axis]

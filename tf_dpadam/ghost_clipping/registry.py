@@ -25,12 +25,14 @@ by tests/ghost_clipping_registry_test.py.
 import keras
 
 from tf_dpadam import keras_internals
+from tf_dpadam import layers
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import embedding
 from tf_dpadam.ghost_clipping import keras_hub
 from tf_dpadam.ghost_clipping import lora
 from tf_dpadam.ghost_clipping import normalization
+from tf_dpadam.ghost_clipping import standardized
 
 # Layer class -> rule; a subclass gets its nearest registered base's rule.
 GHOST_RULES = {
@@ -38,8 +40,10 @@ GHOST_RULES = {
     keras.layers.EinsumDense: dense.EinsumDenseRule,
     keras.layers.Embedding: embedding.EmbeddingRule,
     keras.layers.LayerNormalization: normalization.LayerNormalizationRule,
+    keras.layers.GroupNormalization: normalization.GroupNormalizationRule,
     keras.layers.Conv1D: convolution.ConvolutionRule,
     keras.layers.Conv2D: convolution.ConvolutionRule,
+    layers.WSConv2D: standardized.StandardizedConvolutionRule,
 }
 # Where this Keras has it (3.15 does); keras-hub's ReversibleEmbedding is a
 # subclass.
@@ -120,12 +124,19 @@ def refusals(layer):
     return reasons
 
 
+def _qualified(cls):
+    """A Keras layer's class name; this package's with its module."""
+    if cls.__module__.startswith("tf_dpadam"):
+        return f"{cls.__module__}.{cls.__name__}"
+    return cls.__name__
+
+
 def markdown_table():
     """The README's table of ghost rules, generated from `GHOST_RULES`,
     `keras_hub.RULES` and `LORA_RULES`."""
     rows = ["| layer | ghost rule | module |", "|---|---|---|"]
     for table, prefix, note in (
-        ({c.__name__: r for c, r in GHOST_RULES.items()}, "", ""),
+        ({_qualified(c): r for c, r in GHOST_RULES.items()}, "", ""),
         (keras_hub.RULES, "keras_hub.layers.", ""),
         ({c.__name__: r for c, r in LORA_RULES.items()}, "", " with LoRA"),
     ):

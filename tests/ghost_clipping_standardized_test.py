@@ -1,0 +1,135 @@
+"""Ghost clipping of the weight-standardized convolution (WSConv2D) against
+explicit clipping, and its Jacobian identity against NumPy."""
+
+import os
+import tempfile
+from unittest import mock
+
+import keras
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tf_dpadam import layers
+from tf_dpadam.ghost_clipping import convolution
+from tf_dpadam.ghost_clipping import standardized
+
+import helpers
+
+
+def _ws_model(name="ws_conv", regularizer=None, **kwargs):
+    kwargs = {"filters": 4, "kernel_size": 3, **kwargs}
+    return helpers.sequential(
+        (9, 8, 3),
+        layers.WSConv2D(activation="tanh", name=name,
+                        kernel_regularizer=regularizer, **kwargs),
+        keras.layers.GroupNormalization(2, name="group_norm"),
+        keras.layers.Flatten(), keras.layers.Dense(3),
+    )
+
+
+def _numpy_standardized_gradient(w, u, eps):
+    """d/dW of sum(standardize(W) * u) by central differences (float64):
+    the gradient of W given the gradient u of the standardized kernel."""
+    def f(w):
+        flat = w.reshape(-1, w.shape[-1])
+        k = (flat - flat.mean(0)) / np.sqrt(flat.var(0) + eps)
+        return float(np.sum(k * u.reshape(flat.shape)))
+    grad = np.zeros_like(w)
+    h = 1e-6
+    for index in np.ndindex(w.shape):
+        step = np.zeros_like(w)
+        step[index] = h
+        grad[index] = (f(w + step) - f(w - step)) / (2 * h)
+    return grad
+
+
+class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
+                                  parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("same", {"padding": "same"}, False),
+        ("valid_bias", {"padding": "valid", "use_bias": True}, False),
+        ("strided", {"padding": "same", "strides": 2}, False),
+        ("dilated_valid", {"padding": "valid", "dilation_rate": 2}, False),
+        ("rectangular", {"kernel_size": (1, 3)}, False),
+        ("large_epsilon", {"standardization_epsilon": 0.5}, False),
+        ("regularized", {"regularizer": keras.regularizers.L2(0.1)}, False),
+        ("same_jit", {"padding": "same", "strides": 2}, True),
+    )
+    def test_ws_conv2d(self, kwargs, jit):
+        kwargs = {"use_bias": False, **kwargs}
+        keras.utils.set_random_seed(0)
+        model = _ws_model(**kwargs)
+        x = helpers.normal((helpers.BATCH, 9, 8, 3))
+        y = helpers.normal((helpers.BATCH, 3), seed=1)
+        self.assert_kinds(model, ws_conv="ghost (WSConv)",
+                          group_norm="ghost (GroupNormalization)")
+        self.assert_lockstep(model, x, y, jit=jit)
+
+    def test_chunked_norms(self):
+        # A batch larger than one chunk of patches: the norms come from
+        # several chunks (tf.map_fn) of the scaled output gradients.
+        keras.utils.set_random_seed(1)
+        model = _ws_model(padding="same")
+        x = helpers.normal((helpers.BATCH, 9, 8, 3))
+        y = helpers.normal((helpers.BATCH, 3), seed=1)
+        with mock.patch.object(convolution, "PATCH_FLOATS_PER_CHUNK",
+                                        9 * 8 * 27 * 3):
+            self.assert_lockstep(model, x, y)
+
+    def test_jacobian_identity_against_numpy(self):
+        # The block's claim: grad W = J u, |J u_o|^2 = |u~|^2 - (1.u~)^2/n -
+        # (2 - r)(k.u~)^2/n, checked on one kernel against finite
+        # differences of NumPy's standardization.
+        rng = np.random.default_rng(0)
+        eps = 0.3
+        w = rng.normal(size=(2, 2, 3, 4))
+        u = rng.normal(size=w.shape)
+        want = _numpy_standardized_gradient(w, u, eps)
+        flat = w.reshape(-1, 4)
+        n = flat.shape[0]
+        var = flat.var(0)
+        s = np.sqrt(var + eps)
+        k = (flat - flat.mean(0)) / s
+        ut = u.reshape(-1, 4) / s
+        sq = (np.sum(ut ** 2, 0) - np.sum(ut, 0) ** 2 / n
+              - (2 - var / (var + eps)) * np.sum(k * ut, 0) ** 2 / n)
+        np.testing.assert_allclose(sq, np.sum(want.reshape(-1, 4) ** 2, 0),
+                                   rtol=1e-6)
+        # And the block's projection, on the same numbers.
+        block = standardized.StandardizedKernelBlock(
+            inner=type("Inner", (), {"shape": w.shape})(), ones_dot=None,
+            k_dot=None, kernel=keras.ops.convert_to_tensor(k, "float32"),
+            ratio=None)
+        got = block._jacobian_times(u.reshape(w.shape) / s)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    def test_layer_standardizes_and_saves(self):
+        keras.utils.set_random_seed(2)
+        model = _ws_model(padding="same")
+        x = helpers.normal((2, 9, 8, 3))
+        conv = model.get_layer("ws_conv")
+        kernel = keras.ops.convert_to_numpy(conv.kernel).astype("float64")
+        flat = kernel.reshape(-1, 4)
+        k = ((flat - flat.mean(0)) / np.sqrt(flat.var(0) + 1e-5)).reshape(
+            kernel.shape)
+        plain = keras.layers.Conv2D(4, 3, padding="same", use_bias=False)
+        plain.build((None, 9, 8, 3))
+        plain.kernel.assign(k.astype("float32"))
+        np.testing.assert_allclose(conv(x), keras.activations.tanh(plain(x)),
+                                   rtol=1e-5, atol=1e-5)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "ws.keras")
+            model.save(path)
+            loaded = keras.saving.load_model(path)
+        self.assertIsInstance(loaded.get_layer("ws_conv"), layers.WSConv2D)
+        np.testing.assert_allclose(loaded(x), model(x), rtol=1e-6)
+
+    def test_epsilon_must_be_positive(self):
+        with self.assertRaisesRegex(ValueError, "standardization_epsilon"):
+            layers.WSConv2D(2, 3, standardization_epsilon=0.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
