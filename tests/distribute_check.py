@@ -37,12 +37,21 @@ def _strategy(replicas):
     return _STRATEGIES[replicas]
 
 
+def _views(x, augmult):
+    """View r mod K of each row: rows of one example are consecutive, so
+    the view index does not depend on how the batch is split."""
+    k = tf.cast(tf.range(tf.shape(x)[0]) % augmult, x.dtype)[:, None]
+    return tf.tanh(x * (1.0 + 0.5 * k)) + 0.3 * k
+
+
 def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
-                       accumulation_steps=None, weight_decay=None):
+                       accumulation_steps=None, weight_decay=None,
+                       augmult=1):
     """Weights after 2 epochs of 2 logical steps of 16 examples each.
 
     With `accumulation_steps=k` a logical step is k physical batches of
-    16 / k examples (16 / (k R) per replica).
+    16 / k examples (16 / (k R) per replica); with `augmult=K` each example
+    is K views (`_views`).
     """
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 6)).astype("float32")
@@ -54,7 +63,11 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
             keras.layers.Dense(8, activation="tanh"),
             keras.layers.Dense(3),
         ])
-        model = tf_dpadam.make_private(base, seed=2)
+        augment = None
+        if augmult > 1:
+            augment = lambda x: _views(x, augmult)  # noqa: E731
+        model = tf_dpadam.make_private(base, seed=2, augment=augment,
+                                       augmult=augmult)
         if unclipped_sgd:
             # No example reaches C and the update is linear in the gradient:
             # per-example gradients off by any factor change the weights.
@@ -129,6 +142,10 @@ def main():
         "replicated_accumulated": noise_free_weights(
             _REPLICAS, None, accumulation_steps=2, weight_decay=0.1
         ),
+        # Augmentation multiplicity K = 3: 4 examples (12 views) per
+        # replica, each example's 3 views one group on its replica.
+        "single_augmult": noise_free_weights(1, None, augmult=3),
+        "replicated_augmult": noise_free_weights(_REPLICAS, None, augmult=3),
         "noise_accumulated": noise_update(
             _REPLICAS, 320, 1.3, 0.5, 32, None, accumulation_steps=4
         ),

@@ -49,6 +49,20 @@ class DistributeTest(absltest.TestCase):
                         self.result["replicated_accumulated"]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    def test_augmult_on_replicas_gives_the_single_device_weights(self):
+        # K = 3 views per example, the views made on each replica: the
+        # same weights as on one device (DPAdamCorrected with clipping, so
+        # an example's views split across replicas, or counted as 3
+        # examples, would move them differently).
+        for a, b in zip(self.result["single_augmult"],
+                        self.result["replicated_augmult"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        # And the views matter: without them the weights differ.
+        self.assertFalse(all(
+            np.allclose(a, b, rtol=1e-3, atol=1e-4)
+            for a, b in zip(self.result["single"],
+                            self.result["single_augmult"])))
+
     def test_noise_is_added_once_over_the_global_batch(self):
         sigma, clip = 1.3, 0.5
         for key, denominator in (("noise_counted_b", 32), ("noise_fixed_b", 40),
