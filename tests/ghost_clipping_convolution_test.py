@@ -109,7 +109,12 @@ class ConvolutionTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assert_kinds(model, conv1d="ghost")
         self.assert_lockstep(model, x, y)
 
-    def test_image_patches_match_tensorflow(self):
+    @parameterized.parameters(
+        # The identity convolution (C <= 4 without dilation), the slices
+        # (stride 1) and ExtractImagePatches (strided, C > 4).
+        1, convolution.IDENTITY_CONV_MAX_CHANNELS,
+        convolution.IDENTITY_CONV_MAX_CHANNELS + 1)
+    def test_image_patches_match_tensorflow(self, channels):
         rng = helpers.rng()
         for shape, sizes, strides, rates, padding in [
             ((7, 9), (3, 3), (1, 1), (1, 1), "SAME"),
@@ -117,8 +122,9 @@ class ConvolutionTest(helpers.GhostLockstepMixin, parameterized.TestCase):
             ((8, 9), (3, 3), (2, 2), (1, 1), "VALID"),
             ((9, 9), (2, 3), (1, 1), (2, 3), "SAME"),
             ((9, 9), (3, 3), (1, 1), (2, 2), "VALID"),
+            ((28, 28), (8, 8), (2, 2), (1, 1), "SAME"),
         ]:
-            x = tf.constant(rng.normal(size=(2, *shape, 3)), "float32")
+            x = tf.constant(rng.normal(size=(2, *shape, channels)), "float32")
             want = tf.image.extract_patches(
                 x, [1, *sizes, 1], [1, *strides, 1], [1, *rates, 1], padding
             )

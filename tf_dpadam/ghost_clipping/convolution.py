@@ -48,18 +48,40 @@ def _batch_slice(t, start, size):
     return tf.slice(t, [start] + [0] * len(rest), [size] + rest)
 
 
+# Inputs with at most this many channels get their patches from a
+# convolution with an identity kernel (below).
+IDENTITY_CONV_MAX_CHANNELS = 4
+
+
 def image_patches(x, sizes, strides, rates, padding):
     """`tf.image.extract_patches` (channels last) of `x` `[B, H, W, C]`.
 
     Returns `[B, H', W', kh * kw * C]` with the depth ordered (row, column,
     channel), like a `[kh, kw, C, F]` kernel reshaped to `[kh * kw * C, F]`.
-    With static spatial sizes the patches are strided slices of the padded
-    input concatenated on the channel axis, which is several times faster
-    on CPU than the ExtractImagePatches kernel.
+    Three ways, by speed on CPU (TF 2.21, measured per call):
+
+    * few channels (C <= `IDENTITY_CONV_MAX_CHANNELS`, no dilation): a
+      convolution with the identity as its `[kh, kw, C, kh kw C]` kernel,
+      kh kw C multiply-adds per patch float (8x8 stride-2 patches of 2048
+      28x28x1 images: 0.044 s, against 0.46 s for slices and 0.13 s for
+      ExtractImagePatches);
+    * stride 1 with static sizes: slices of the padded input concatenated on
+      the channel axis (3x3 patches of 256 14x14x32 maps: 0.018 s, against
+      0.026 s and 0.076 s for the identity convolution);
+    * otherwise ExtractImagePatches (strided slices are slow: 4x4 stride-2
+      patches of 2048 13x13x16 maps: 0.026 s, against 0.21 s for slices).
     """
     padding = padding.upper()
     height, width = x.shape[1], x.shape[2]
-    if height is None or width is None:
+    channels = x.shape[3]
+    if (channels is not None and channels <= IDENTITY_CONV_MAX_CHANNELS
+            and list(rates) == [1, 1]):
+        depth = sizes[0] * sizes[1] * channels
+        identity = tf.reshape(tf.eye(depth, dtype=x.dtype),
+                              [sizes[0], sizes[1], channels, depth])
+        return tf.nn.conv2d(x, identity, strides=[1, *strides, 1],
+                            padding=padding)
+    if height is None or width is None or list(strides) != [1, 1]:
         return tf.image.extract_patches(
             x, sizes=[1, *sizes, 1], strides=[1, *strides, 1],
             rates=[1, *rates, 1], padding=padding,
