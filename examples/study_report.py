@@ -86,7 +86,7 @@ def _header(*columns):
 def _settings_table(plan):
     lines = _header("cell", "ε (target)", "δ", "B", "N", "steps", "epochs",
                     "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
-                    "normalization")
+                    "normalization", "CNN")
     for cell in plan.cells:
         c = cell.base
         phi = (c.noise_multiplier * c.l2_norm_clip / c.batch_size) ** 2
@@ -96,7 +96,8 @@ def _settings_table(plan):
             f" {cell.steps * c.batch_size / cell.num_examples:.3g} |"
             f" {c.noise_multiplier:.5g} | {phi:.3g} | {c.l2_norm_clip:g} |"
             f" {c.augmult or 'none'} |"
-            f" {c.ema_momentum if c.ema else 'none'} | {c.normalization} |")
+            f" {c.ema_momentum if c.ema else 'none'} | {c.normalization} |"
+            f" {c.cnn} |")
     return lines
 
 
@@ -236,8 +237,10 @@ def write_report(plan, records, output_dir, command, machine):
     lines = [
         f"# {TITLES.get(plan.study, plan.study)} (Fashion-MNIST)", "",
         "Written by `examples.study` from the runs in "
-        f"`{os.path.relpath(plan.runs_dir, output_dir)}`: the paper's CNN"
-        " (`examples.models.make_cnn`) trained from scratch, Poisson"
+        f"`{os.path.relpath(plan.runs_dir, output_dir)}`: the CNN of the"
+        " settings table (`examples.models.make_cnn`: the paper's 5-layer"
+        " CNN, or TF-Privacy's small tutorial CNN) trained from scratch,"
+        " Poisson"
         " sampling, noise and sampling keyed by each run's seed. Each"
         " (cell, variant) is tuned over its learning rates at seed"
         f" {plan.tune_seed}, and its best rerun with seeds"

@@ -43,6 +43,10 @@ def define_flags():
                       "none: the paper's CNN; group: weight-standardized"
                       " convs with GroupNormalization (per example, exact"
                       " per-example clipping; De et al. 2022).")
+    flags.DEFINE_enum("cnn", "paper", list(models.CNNS),
+                      "paper: the paper's 5-layer tanh CNN (411k weights);"
+                      " small: TF-Privacy's tutorial CNN (26k weights), the"
+                      " end-to-end DP CNN of Tramer & Boneh 2021.")
     flags.DEFINE_integer("augmult", 0,
                          "Augmentation multiplicity K (De et al. 2022): each"
                          " example's gradient is the mean over K randomly"
@@ -62,8 +66,8 @@ def run(dataset, data_dir, config, max_examples=None, *,
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
     all); with `data_source` (`datasets.image_data_source`) the training set
-    is read by random access instead (all of it); `config.normalization` is
-    `models.make_cnn`'s; `config.augmult` > 0 trains on that many augmented
+    is read by random access instead (all of it); `config.normalization` and
+    `config.cnn` are `models.make_cnn`'s; `config.augmult` > 0 trains on that many augmented
     views of each example (`models.image_augmentation`), so that the run's
     record (metrics.json) says how it was trained; `kwargs` go to
     `fit_private` (`callbacks`, `max_steps`, `measure`)."""
@@ -82,7 +86,7 @@ def run(dataset, data_dir, config, max_examples=None, *,
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
     return training.fit_private(
         lambda: models.make_cnn(input_shape, num_classes,
-                                config.normalization),
+                                config.normalization, cnn=config.cnn),
         train,
         (x_test, y_test),
         config,
@@ -99,7 +103,8 @@ def main(argv):
     with shared_flags.usage_errors():
         config = dataclasses.replace(
             shared_flags.config_from_flags(FLAGS.dataset),
-            normalization=FLAGS.normalization, augmult=FLAGS.augmult)
+            normalization=FLAGS.normalization, augmult=FLAGS.augmult,
+            cnn=FLAGS.cnn)
     caps = shared_flags.smoke_test_caps()
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,
                                    hint=shared_flags.OFFLINE_IMAGES_HINT), \

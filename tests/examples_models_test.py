@@ -22,6 +22,8 @@ from examples import datasets
 from examples import models
 from tf_dpadam import ghost_clipping
 
+import helpers
+
 SENTENCES = np.array(
     ["the movie was good", "a very boring film", "fun", "not great"], object
 )
@@ -86,6 +88,48 @@ class CnnTest(parameterized.TestCase):
         x = np.random.default_rng(0).random((2,) + shape, np.float32)
         logits = model(x, training=True)
         self.assertEqual(tuple(logits.shape), (2, num_classes))
+
+
+class SmallCnnTest(absltest.TestCase):
+    """make_cnn(cnn="small"): TF-Privacy's tutorial CNN, clipped exactly."""
+
+    def test_architecture(self):
+        model = models.make_cnn((28, 28, 1), 10, cnn="small")
+        self.assertEqual(model.count_params(), 26_010)
+        convs = [l for l in model.layers
+                 if isinstance(l, keras.layers.Conv2D)]
+        self.assertEqual([(c.filters, c.kernel_size, c.strides, c.padding)
+                          for c in convs],
+                         [(16, (8, 8), (2, 2), "same"),
+                          (32, (4, 4), (2, 2), "valid")])
+        self.assertEqual(model.output_shape, (None, 10))
+        with self.assertRaisesRegex(ValueError, "cnn='big'"):
+            models.make_cnn((28, 28, 1), 10, cnn="big")
+        with self.assertRaisesRegex(ValueError, "normalization='none'"):
+            models.make_cnn((28, 28, 1), 10, normalization="group",
+                            cnn="small")
+
+    def test_private_step_is_brute_force_clipping(self):
+        # The 8x8 stride-2 conv of a 1-channel image takes the
+        # identity-convolution patches, the 4x4 stride-2 one
+        # ExtractImagePatches: one noise-free DP-SGD step equals brute
+        # force, ghost and vectorized.
+        keras.utils.set_random_seed(0)
+        model = models.make_cnn((28, 28, 1), 3, cnn="small")
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.normal(size=(6, 28, 28, 1)), "float32")
+        y = tf.constant(rng.integers(0, 3, size=6))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        variables = model.trainable_variables
+        before = [v.numpy() for v in variables]
+        clip, want = helpers.reference_dpsgd_step(self, model, loss, x, y)
+        for clipping in ("ghost", "vectorized"):
+            for variable, value in zip(variables, before):
+                variable.assign(value)
+            private = helpers.noise_free_dpsgd_step(model, loss, clip, x, y,
+                                                    clipping=clipping)
+            self.assertEqual(private.clipping_used, clipping)
+            helpers.assert_update(variables, before, want)
 
 
 class GroupNormalizedCnnTest(absltest.TestCase):
