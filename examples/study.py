@@ -43,15 +43,23 @@ test images 2.4 s. On the idle machine the comparison of
 docs/RESULTS_fashion_mnist.md took 47 s of wall time per epoch (2 cores,
 evaluations included), the estimate's default `--seconds_per_epoch=50`.
 
-Proposed 8 hours:
-- regime map, 4 epochs (938 / 234 / 59 steps at B = 256 / 1024 / 4096),
-  5 variants x 3 learning rates x 3 B at seed 0 and the 15 best with seeds
-  1, 2: 75 runs, 300 epochs, about 4.2 h;
-- best-recipe pilot: epsilon = 3, B = 2048, 10 epochs, no augmult, EMA
-  0.99, DP-SGD and DP-AdamBC x 3 learning rates: 6 runs, about 0.9 h;
-- best recipe: epsilon = 3 and 7, B = 2048, 15 epochs, augmult 2, EMA 0.99,
-  the pilot's optimizer and learning rate (--lr_span=0), 3 seeds: 6 runs,
-  about 2.6 h.
+The plan (issue 18, about 8 hours in all):
+- the paper CNN's B = 256 cell at 4 epochs (runs/regime_map: 12 runs,
+  about 1 h) came first; the regime map itself then moved to the small CNN
+  (`--cnn=small`, 7-10 times cheaper per epoch), so that it affords 10
+  epochs: `--cnn=small --epochs=10 --eval_every=100
+  --lr_centres=dpsgd=0.6,dpadam=0.0019,dpadam_corrected=0.0006,
+  dpadam_corrected_wd=0.0006,dpadam_corrected_b2=0.0006` (2344 / 586 / 146
+  steps at B = 256 / 1024 / 4096, 75 runs, about 1.8 h);
+- best recipe: `--study=best_recipe --cnn=small --epochs=40
+  --ema_momentum=0.99 --augmult=0 --variants=dpsgd,dpadam,dpadam_corrected
+  --lr_centres=dpsgd=0.5,dpadam=0.0019,dpadam_corrected=0.0006
+  --eval_every=100` at epsilon = 3 and 7, B = 2048, 1172 steps (the
+  setting of Tramer & Boneh's end-to-end CNN): 3 optimizers x 3 learning
+  rates x 2 epsilons at seed 0 and each best with seeds 1 and 2, 30 runs,
+  about 3 h (6.5 min per run on the busy machine);
+- the SST-2 from-scratch point (`examples.reproduce --task=sst2_scratch`):
+  15 runs, about 1 h.
 `--phase=plan` prints the estimate of any setting.
 """
 
