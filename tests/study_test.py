@@ -128,5 +128,28 @@ class StudyTest(absltest.TestCase):
         self.assertEmpty(trained)
 
 
+class StudyPlanSettingsTest(absltest.TestCase):
+
+    def test_cnn_reaches_the_runs_and_the_estimate(self):
+        settings = dict(num_examples=60_000, runs_dir="/tmp/unused",
+                        data=study_plan.data_spec(), batch_sizes=["2048"],
+                        epsilons=["3"], epochs=40.0, variants=["dpsgd"],
+                        lr_span=0, seeds=["0"])
+        paper = study.make_study_plan("best_recipe", **settings)
+        small = study.make_study_plan("best_recipe", cnn="small", **settings)
+        self.assertEqual([c.base.cnn for c in paper.cells], ["paper"])
+        self.assertEqual([c.base.cnn for c in small.cells], ["small"])
+        run = study_plan.tuning_runs(small)[0]
+        self.assertEqual(study_plan.planned_config(small, run).cnn, "small")
+        cell = small.cells[0]
+        evaluations = -(-cell.steps // cell.base.eval_every) * (
+            study.EVALUATION_SECONDS)
+        self.assertAlmostEqual(
+            study.estimate_seconds(small, 50.0) - evaluations,
+            study.SMALL_CNN_COST * (study.estimate_seconds(paper, 50.0)
+                                    - evaluations),
+            places=6)
+
+
 if __name__ == "__main__":
     absltest.main()
