@@ -201,6 +201,7 @@ def plot_gaps(path, plan, gap_values, summaries, against):
     measured median (v_hat - Phi) / Phi ("vc"), one series per variant."""
     figure = plots.new_figure(5.5, 4.0)
     axes = figure.add_subplot()
+    xs = []
     for variant in plan.variants:
         points = sorted(
             (plan.cell(cell).base.batch_size if against == "batch"
@@ -209,6 +210,7 @@ def plot_gaps(path, plan, gap_values, summaries, against):
             if name == variant.name)
         if points:
             x, y, e = zip(*points)
+            xs += x
             axes.errorbar(x, y, yerr=e, marker="o", capsize=3,
                           label=variant.label)
     axes.axhline(0, color="gray", linewidth=0.8)
@@ -216,6 +218,8 @@ def plot_gaps(path, plan, gap_values, summaries, against):
         axes.set_xscale("log", base=2)
         axes.set_xlabel("expected batch size B")
     else:
+        if xs and all(x is not None and x > 0 for x in xs):
+            axes.set_xscale("log")  # the medians span decades with B
         axes.set_xlabel("median (v̂ − Φ)/Φ at the end of training")
     axes.set_ylabel("accuracy gap over DP-Adam (points)")
     axes.grid(alpha=0.3)
@@ -239,7 +243,8 @@ def write_report(plan, records, output_dir, command, machine):
         "Written by `examples.study` from the runs in "
         f"`{os.path.relpath(plan.runs_dir, output_dir)}`: the CNN of the"
         " settings table (`examples.models.make_cnn`: the paper's 5-layer"
-        " CNN, or TF-Privacy's small tutorial CNN) trained from scratch,"
+        " CNN, or `make_small_cnn`, TF-Privacy's small tutorial CNN) trained"
+        " from scratch,"
         " Poisson"
         " sampling, noise and sampling keyed by each run's seed. Each"
         " (cell, variant) is tuned over its learning rates at seed"
