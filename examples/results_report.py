@@ -4,7 +4,8 @@
 `experiments.Plan` (`render_markdown`), draws its two plots
 (`examples.plots`) and saves the summary that RESULTS.md shows
 (`summary_record`, RESULTS_<task>.json); `write_index` then rewrites
-RESULTS.md from every task's JSON (`render_index`).
+RESULTS.md from every task's JSON (`render_index`), with a section for each
+study of `examples.study` whose summary JSON is beside it.
 """
 
 import json
@@ -16,6 +17,7 @@ from examples import experiments
 from examples import finetune_report
 from examples import plots
 from examples import runs
+from examples import study_report
 
 def describe_data(data, records):
     """One sentence on the data of the runs (`data` as of `data_spec`)."""
@@ -313,8 +315,18 @@ def summary_record(plan, records, best, command, machine, files,
     }
 
 
-def render_index(summaries):
-    """RESULTS.md: every task's best settings beside the paper's numbers."""
+def _epsilon_of(summary):
+    """", ε = 7" (the target), or the largest spent if there was none."""
+    target = summary["privacy"]["target_epsilon"]
+    if target is not None:
+        return f", ε = {target:g}"
+    spent = [row["epsilon"] for row in summary["optimizers"].values()]
+    return f", ε ≈ {max(spent):.2g}" if spent else ""
+
+
+def render_index(summaries, studies=()):
+    """RESULTS.md: every task's best settings beside the paper's numbers,
+    then the studies' sections (`study_report.summary_record`s)."""
     papers = []
     for summary in summaries:
         if summary["paper_dataset"] not in papers:
@@ -322,15 +334,17 @@ def render_index(summaries):
     lines = [
         "# DP-SGD vs DP-Adam vs DP-AdamBC: results",
         "",
-        "Written by `examples/reproduce.py` (it rewrites this page whenever it "
-        "writes a task's report) from the `RESULTS_<task>.json` beside it. "
+        "Written by `examples/reproduce.py` and `examples/study.py` (they "
+        "rewrite this page whenever they write a report) from the "
+        "`RESULTS_<task>.json` and study summaries beside it. "
         "Each cell: test accuracy (%) of the optimizer's best tuned setting, "
-        "mean ± standard deviation over seeds, at ε ≈ 7 (δ = 1e-5). The "
-        "paper's numbers (Tang & Lécuyer) are on other datasets and models: "
-        "compare orderings and gaps, not accuracies.",
+        "mean ± standard deviation over seeds, at the ε of its column "
+        "(δ = 1e-5). The paper's numbers (Tang & Lécuyer, ε ≈ 7) are on "
+        "other datasets and models: compare orderings and gaps, not "
+        "accuracies.",
         "",
         "| optimizer | " + " | ".join(
-            f"{s['name']} (ours)" for s in summaries)
+            f"{s['name']}{_epsilon_of(s)} (ours)" for s in summaries)
         + " | " + " | ".join(f"{p} (paper)" for p in papers) + " |",
         "|---" * (1 + len(summaries) + len(papers)) + "|",
     ]
@@ -380,6 +394,8 @@ def render_index(summaries):
             "",
             f"![{summary['name']}: test accuracy vs step]({files['curves']})",
         ]
+    for study in studies:
+        lines += ["", *study_report.render_summary(study)]
     return "\n".join(lines) + "\n"
 
 
@@ -390,9 +406,12 @@ def write_index(output_dir):
         path = os.path.join(output_dir, f"RESULTS_{task}.json")
         if os.path.exists(path):
             summaries.append(runs.read_json(path))
+    studies = [runs.read_json(os.path.join(
+        output_dir, f"{study_report.report_stem(study)}.json"))
+        for study in study_report.TITLES]
     path = os.path.join(output_dir, "RESULTS.md")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render_index(summaries))
+        f.write(render_index(summaries, [s for s in studies if s]))
     return path
 
 

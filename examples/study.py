@@ -75,6 +75,7 @@ from examples import shared_flags  # pylint: disable=g-bad-import-order
 
 from examples import datasets
 from examples import models
+from examples import results_report
 from examples import runs
 from examples import study_plan
 from examples import study_report
@@ -274,8 +275,10 @@ def study(plan, train_fn, *, phase, output_dir, command, machine=None):
     machine = machine or runs.machine_info()
     records = study_plan.run_phase(plan, train_fn, phase, command=command,
                                    machine=machine)
-    return study_report.write_report(plan, records, output_dir, command,
+    path = study_report.write_report(plan, records, output_dir, command,
                                      machine)
+    results_report.write_index(output_dir)
+    return path
 
 
 def main(argv):

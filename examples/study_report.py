@@ -9,6 +9,7 @@ next to it: the tuning curves, and the gaps against B and against the median
 (v_hat - Phi) / Phi.
 """
 
+import json
 import math
 import os
 
@@ -20,8 +21,8 @@ from examples import runs
 from examples import study_plan
 
 BASELINE = "dpadam"  # The gaps are DP-AdamBC variants minus this.
-TITLES = {"regime_map": "Regime map: when does DP-AdamBC help?",
-          "best_recipe": "Best recipe"}
+TITLES = {"best_recipe": "Best recipe",
+          "regime_map": "Regime map: when does DP-AdamBC help?"}
 
 
 def report_stem(study):
@@ -287,4 +288,81 @@ def write_report(plan, records, output_dir, command, machine):
     path = os.path.join(output_dir, f"{stem}.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
+    summary = summary_record(plan, summaries, gap_values, wall=wall,
+                             runs_done=len(records), planned=planned)
+    with open(os.path.join(output_dir, f"{stem}.json"), "w") as f:
+        json.dump(summary, f, indent=1, allow_nan=False)
     return path
+
+
+def _finite(x):
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned):
+    """What RESULTS.md shows of a study (saved as <STUDY>_fashion_mnist.json
+    beside its page): the cells, every (cell, variant)'s best learning rate
+    with its mean ± std over seeds, and the gaps over DP-Adam."""
+    stem = report_stem(plan.study)
+    cells = {cell.name: cell for cell in plan.cells}
+    return {
+        "study": plan.study, "title": TITLES.get(plan.study, plan.study),
+        "files": {"report": f"{stem}.md",
+                  **({"gap_vs_batch": f"{stem}_gap_vs_batch.png"}
+                     if gap_values else {})},
+        "runs": runs_done, "planned": planned, "wall_seconds": wall,
+        "cells": [{
+            "name": cell.name, "target_epsilon": cell.target_epsilon,
+            "batch_size": cell.base.batch_size, "steps": cell.steps,
+            "noise_multiplier": cell.base.noise_multiplier,
+            "epochs": cell.steps * cell.base.batch_size / cell.num_examples,
+            "augmult": cell.base.augmult,
+            "ema_momentum": (cell.base.ema_momentum if cell.base.ema
+                             else None),
+            "normalization": cell.base.normalization, "cnn": cell.base.cnn,
+        } for cell in plan.cells],
+        "best": [{
+            "cell": cell, "variant": variant,
+            "label": plan.variant(variant).label, "learning_rate": s["lr"],
+            "mean": s["mean"], "std": s["std"], "seeds": s["n"],
+            "median_vc_over_phi": _finite(s["vc"]),
+        } for cell in cells for variant in (v.name for v in plan.variants)
+            for s in [summaries.get((cell, variant))] if s is not None],
+        "gaps": [{
+            "cell": cell, "batch_size": cells[cell].base.batch_size,
+            "variant": variant, "label": plan.variant(variant).label,
+            "gap": gap, "error": error,
+            "median_vc_over_phi": _finite(summaries[(cell, variant)]["vc"]),
+        } for (cell, variant), (gap, error) in gap_values.items()],
+    }
+
+
+def render_summary(summary):
+    """RESULTS.md's section of a study: its best table and gap plot."""
+    cells = {c["name"]: c for c in summary["cells"]}
+    lines = [
+        f"## {summary['title']} (Fashion-MNIST, from scratch)", "",
+        f"{summary['runs']} runs finished of {summary['planned']} planned"
+        f" ({summary['wall_seconds'] / 3600:.2f} h of training). Each"
+        " cell: the best learning rate of each optimizer, test accuracy (%)"
+        " mean ± std over its seeds. Details, every setting and every run:"
+        f" [{summary['files']['report']}]({summary['files']['report']}).", "",
+        *_header("ε", "B", "σ", "steps", "CNN", "augmult K", "EMA",
+                 "optimizer", "lr", "test accuracy (%)", "median (v̂ − Φ)/Φ"),
+    ]
+    for row in summary["best"]:
+        c = cells[row["cell"]]
+        vc = row["median_vc_over_phi"]
+        lines.append(
+            f"| {c['target_epsilon']:g} | {c['batch_size']} |"
+            f" {c['noise_multiplier']:.4g} | {c['steps']} | {c['cnn']} |"
+            f" {c['augmult'] or 'none'} | {c['ema_momentum'] or 'none'} |"
+            f" {row['label']} | {row['learning_rate']:g} |"
+            f" {runs.format_percent(row['mean'])} ±"
+            f" {100 * row['std']:.2f} ({row['seeds']} seed"
+            f"{'' if row['seeds'] == 1 else 's'}) |"
+            f" {'n/a' if vc is None else _number(vc)} |")
+    if "gap_vs_batch" in summary["files"]:
+        plot = summary["files"]["gap_vs_batch"]
+        lines += ["", f"![{summary['title']}: gap against B]({plot})"]
+    return lines

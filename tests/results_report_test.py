@@ -166,7 +166,8 @@ class HandMadeRecordsTest(absltest.TestCase):
                      "dpadam_corrected": row(0.81, 0.005, 1e-3)}),
             summary("sst2", "SST-2", "SNLI", {"dpadam": row(0.8, 0.01, 0.01)}),
         ])
-        self.assertIn("| optimizer | Fashion-MNIST (ours) | SST-2 (ours) | "
+        self.assertIn("| optimizer | Fashion-MNIST, ε = 7 (ours) |"
+                      " SST-2, ε = 7 (ours) | "
                       "CIFAR-10 (paper) | SNLI (paper) |", text)
         self.assertIn("| DP-SGD | 78.00 ± 0.40 (3 seeds, lr 1) | not run | "
                       "61.94 | 41.31 |", text)

@@ -4,6 +4,7 @@ back by a second call, a folder of other settings refused, the report
 written, and each run's median (v_hat - Phi) / Phi against NumPy on its
 checkpoint's optimizer state."""
 
+import json
 import os
 import tempfile
 from unittest import mock
@@ -118,6 +119,30 @@ class StudyTest(absltest.TestCase):
                                f"REGIME_MAP_fashion_mnist_{name}.png")
             self.assertGreater(os.path.getsize(png), 1000)
             self.assertIn(os.path.basename(png), page)
+
+        # Its summary JSON, and RESULTS.md's section rendered from it.
+        with open(os.path.join(output_dir,
+                               "REGIME_MAP_fashion_mnist.json")) as f:
+            summary = json.load(f)
+        self.assertEqual((summary["runs"], summary["planned"]), (6, 6))
+        self.assertLen(summary["best"], 6)
+        bc_row = [r for r in summary["best"] if r["cell"] == "eps3_B32"
+                  and r["variant"] == "dpadam_corrected"][0]
+        self.assertEqual(bc_row["mean"], bc.accuracy)
+        self.assertEqual(bc_row["median_vc_over_phi"],
+                         bc.moments["median_vc_over_phi"])
+        gap = [g for g in summary["gaps"] if g["cell"] == "eps3_B32"
+               and g["variant"] == "dpadam_corrected"][0]
+        self.assertAlmostEqual(gap["gap"], bc.accuracy - adam.accuracy)
+        with open(os.path.join(output_dir, "RESULTS.md")) as f:
+            index = f.read()
+        self.assertIn("## Regime map: when does DP-AdamBC help?", index)
+        sigma = plan.cell("eps3_B32").base.noise_multiplier
+        self.assertIn(f"| 3 | 32 | {sigma:.4g} | 2 | paper | none | none |"
+                      f" DP-AdamBC | {bc_row['learning_rate']:g} |"
+                      f" {100 * bc.accuracy:.2f} ± 0.00 (1 seed) |", index)
+        self.assertIn("(REGIME_MAP_fashion_mnist.md)", index)
+        self.assertIn("(REGIME_MAP_fashion_mnist_gap_vs_batch.png)", index)
 
         # A folder trained with other settings is refused before training.
         other = study.make_study_plan("regime_map", augmult=2, **settings)
