@@ -343,6 +343,8 @@ def render_index(summaries, studies=()):
         "other datasets and models: compare orderings and gaps, not "
         "accuracies.",
         "",
+    ]
+    table = [
         "| optimizer | " + " | ".join(
             f"{s['name']}{_epsilon_of(s)} (ours)" for s in summaries)
         + " | " + " | ".join(f"{p} (paper)" for p in papers) + " |",
@@ -358,14 +360,16 @@ def render_index(summaries, studies=()):
                 f"{runs.format_percent(row['std'])}"
                 f" ({row['seeds']} seeds, lr {row['learning_rate']:g})")
         cells += [f"{comparison.PAPER_RESULTS[p][name]:.2f}" for p in papers]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        table.append(f"| {label} | " + " | ".join(cells) + " |")
     if any(s.get("ceiling") for s in summaries):
         cells = ["not run" if not s.get("ceiling") else
                  f"{runs.format_percent(s['ceiling']['accuracy'])} (1 seed,"
                  f" lr {s['ceiling']['learning_rate']:g})"
                  for s in summaries]
-        lines.append("| Non-private Adam (ceiling, ε = ∞) | "
+        table.append("| Non-private Adam (ceiling, ε = ∞) | "
                      + " | ".join(cells + ["" for _ in papers]) + " |")
+    if summaries:  # (No table without a task.)
+        lines += table
     for summary in summaries:
         privacy = summary["privacy"]
         machine = summary["machine"] or {}

@@ -22,7 +22,9 @@ decoupled weight decay (the dpadam_corrected_wd variant, --weight_decay),
 and --epochs or --noise_multiplier; pick the optimizers with --variants and
 the learning rates with --lr_centres / --lr_span (0: one rate per cell).
 
-Phases as `examples.reproduce`: tune (every grid at the first seed), seeds
+Phases as `examples.reproduce`: tune (every grid at the first seed, then,
+while a best rate sits at an end of its grid, up to --lr_edge_extensions
+half-decade rates beyond that end), seeds
 (each best rate with every seed), report (write the page from the runs on
 disk), all (the three); and plan (print the runs and the time estimate,
 train nothing). Every run is resumable: a finished one is read back, an
@@ -131,6 +133,10 @@ def define_flags():
     flags.DEFINE_integer("lr_span", 1,
                          "Grid points on each side of the centre, x sqrt(10)"
                          " apart (0: the centre only).")
+    flags.DEFINE_integer("lr_edge_extensions", 1,
+                         "Tuning adds up to this many half-decade rates"
+                         " beyond an end of a grid while the best rate sits"
+                         " at that end (0: the grid only).")
     flags.DEFINE_list("batch_sizes", None,
                       "Expected batch sizes B (default: 256,1024,4096 for"
                       " regime_map, 2048 for best_recipe).")
@@ -172,7 +178,7 @@ def define_flags():
     for name in ("epochs", "noise_multiplier", "l2_norm_clip",
                  "seconds_per_epoch"):
         shared_flags.check_flag(name, validation.check_positive)
-    for name in ("augmult", "lr_span", "weight_decay"):
+    for name in ("augmult", "lr_span", "lr_edge_extensions", "weight_decay"):
         shared_flags.check_flag(name, validation.check_non_negative)
 
 
@@ -227,14 +233,17 @@ def describe(plan, seconds_per_epoch):
                          + ", ".join(f"{lr:g}" for lr in grid))
     seconds = estimate_seconds(plan, seconds_per_epoch)
     lines.append(f"{len(planned_runs(plan))} runs, about {seconds / 3600:.1f}"
-                 f" h at {seconds_per_epoch:g} s per epoch")
+                 f" h at {seconds_per_epoch:g} s per epoch, plus up to"
+                 f" {plan.edge_extensions} more per (cell, variant) and"
+                 " grid end where the best rate sits at the end")
     return "\n".join(lines)
 
 
 def make_study_plan(name, *, num_examples, runs_dir, data,
                     batch_sizes=None, epsilons=None, epochs=None,
                     noise_multiplier=None, variants=None, lr_centres=None,
-                    lr_span=1, seeds=(0, 1, 2), l2_norm_clip=1.0,
+                    lr_span=1, lr_edge_extensions=0, seeds=(0, 1, 2),
+                    l2_norm_clip=1.0,
                     delta=1e-5, eval_every=50, augmult=0, ema_momentum=None,
                     normalization="none", cnn="paper", weight_decay=0.1,
                     beta_2_high=0.9999):
@@ -267,7 +276,8 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
         for b in batch_sizes or defaults["batch_sizes"]]
     return study_plan.make_plan(
         name, cells=cells, variants=[table[n] for n in names], seeds=seeds,
-        runs_dir=runs_dir, data=data, lr_span=lr_span)
+        runs_dir=runs_dir, data=data, lr_span=lr_span,
+        edge_extensions=lr_edge_extensions)
 
 
 def study(plan, train_fn, *, phase, output_dir, command, machine=None):
@@ -301,7 +311,8 @@ def main(argv):
             epochs=FLAGS.epochs, noise_multiplier=FLAGS.noise_multiplier,
             variants=FLAGS.variants,
             lr_centres=parse_centres(FLAGS.lr_centres),
-            lr_span=FLAGS.lr_span, seeds=FLAGS.seeds,
+            lr_span=FLAGS.lr_span,
+            lr_edge_extensions=FLAGS.lr_edge_extensions, seeds=FLAGS.seeds,
             l2_norm_clip=FLAGS.l2_norm_clip, delta=FLAGS.delta,
             eval_every=FLAGS.eval_every, augmult=FLAGS.augmult,
             ema_momentum=FLAGS.ema_momentum,

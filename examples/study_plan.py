@@ -218,7 +218,9 @@ class Run:
 class StudyPlan:
     """Everything that decides a study's runs. grids: (cell name, variant
     name) -> learning rates; data: saved with every run (a folder of other
-    data is refused)."""
+    data is refused); edge_extensions: how many half-decade rates tuning
+    may add beyond each end of a grid while the best sits at that end
+    (`next_edge_rate`)."""
 
     study: str
     cells: tuple
@@ -227,6 +229,7 @@ class StudyPlan:
     seeds: tuple
     runs_dir: str
     data: dict
+    edge_extensions: int = 0
 
     @property
     def tune_seed(self):
@@ -239,9 +242,13 @@ class StudyPlan:
         return next(v for v in self.variants if v.name == name)
 
 
-def make_plan(study, *, cells, variants, seeds, runs_dir, data, lr_span=1):
+def make_plan(study, *, cells, variants, seeds, runs_dir, data, lr_span=1,
+              edge_extensions=0):
     """A `StudyPlan`; each (cell, variant) gets `half_decade_grid(
     scaled_centre(variant, B), lr_span)`."""
+    if edge_extensions < 0:
+        raise ValueError(f"Expected edge_extensions >= 0, got"
+                         f" {edge_extensions}.")
     seeds = tuple(int(s) for s in seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"Expected distinct seeds, got {seeds}.")
@@ -260,7 +267,7 @@ def make_plan(study, *, cells, variants, seeds, runs_dir, data, lr_span=1):
                     f" learning rate {max(grid):g} must be < 1.")
             grids[(cell.name, variant.name)] = grid
     return StudyPlan(study, tuple(cells), tuple(variants), grids, seeds,
-                     runs_dir, dict(data))
+                     runs_dir, dict(data), int(edge_extensions))
 
 
 def planned_config(plan, run):
@@ -298,25 +305,79 @@ def load(plan, run):
 
 
 def tuning_runs(plan):
-    """Every (cell, variant, learning rate) at the tuning seed."""
+    """Every (cell, variant, learning rate) of the grids at the tuning
+    seed (the rates `next_edge_rate` adds are not among them)."""
     return [Run(cell.name, variant.name, lr, plan.tune_seed)
             for cell in plan.cells for variant in plan.variants
             for lr in plan.grids[(cell.name, variant.name)]]
 
 
+def half_decade_step(lr, steps):
+    """The rate `steps` half-decades from `lr` on the grid of
+    `half_decade_grid` (3 significant digits): 0.01, 1 -> 0.0316."""
+    return float(f"{10 ** ((round(2 * math.log10(lr)) + steps) / 2):.3g}")
+
+
+def candidate_rates(plan, key):
+    """The grid of `key` with `plan.edge_extensions` rates beyond each
+    end: every rate its tuning may train."""
+    grid = plan.grids[key]
+    below = [half_decade_step(min(grid), -k)
+             for k in range(plan.edge_extensions, 0, -1)]
+    above = [half_decade_step(max(grid), k)
+             for k in range(1, plan.edge_extensions + 1)]
+    return tuple(below) + tuple(grid) + tuple(above)
+
+
+def _score(record):
+    accuracy = record.accuracy
+    return -math.inf if math.isnan(accuracy) else accuracy
+
+
+def tuned_rates(plan, records):
+    """(cell name, variant name) -> {learning rate: `StudyRecord`} of the
+    finished runs at the tuning seed (grid and added rates)."""
+    tuned = {}
+    for run, record in records.items():
+        if run.seed == plan.tune_seed:
+            tuned.setdefault((run.cell, run.variant), {})[
+                run.learning_rate] = record
+    return tuned
+
+
 def best_learning_rates(plan, records):
     """(cell name, variant name) -> the learning rate of the best finished
-    tuning run (a NaN accuracy loses; ties: the smaller rate)."""
-    best = {}
-    for run in tuning_runs(plan):
-        if run not in records:
-            continue
-        accuracy = records[run].accuracy
-        score = -math.inf if math.isnan(accuracy) else accuracy
-        key = (run.cell, run.variant)
-        if key not in best or score > best[key][0]:
-            best[key] = (score, run.learning_rate)
-    return {key: lr for key, (_, lr) in best.items()}
+    tuning run, the rates added beyond the grid included (a NaN accuracy
+    loses; ties: the smaller rate)."""
+    return {key: max(sorted(found), key=lambda lr: _score(found[lr]))
+            for key, found in tuned_rates(plan, records).items()}
+
+
+def next_edge_rate(plan, records, key):
+    """The next rate that tuning `key` should try, or None: once its grid is
+    finished, while the best rate is the highest (lowest) tried and fewer
+    than `plan.edge_extensions` rates were added above (below) the grid,
+    the half-decade beyond it. Needs two rates or more; a rate whose
+    decoupled weight decay would reach 1 is not tried."""
+    found = tuned_rates(plan, records).get(key, {})
+    grid = plan.grids[key]
+    if len(grid) < 2 or any(lr not in found for lr in grid):
+        return None
+    best = best_learning_rates(plan, records)[key]
+    rates = sorted(found)
+    if best == rates[-1]:
+        added = sum(lr > max(grid) for lr in rates)
+        step = 1
+    elif best == rates[0]:
+        added = sum(lr < min(grid) for lr in rates)
+        step = -1
+    else:
+        return None
+    if added >= plan.edge_extensions:
+        return None
+    lr = half_decade_step(best, step)
+    config = planned_config(plan, Run(*key, lr, plan.tune_seed))
+    return None if lr * config.weight_decay >= 1 else lr
 
 
 def seed_runs(plan, records):
@@ -330,12 +391,13 @@ def collect(plan):
     """All finished runs of the plan on disk: `Run` -> `StudyRecord`.
     Checks every folder (a folder of other settings raises)."""
     records = {}
-    for run in tuning_runs(plan):
-        for seed in plan.seeds:
-            run = dataclasses.replace(run, seed=seed)
-            record = load(plan, run)
-            if record is not None:
-                records[run] = record
+    for key in plan.grids:
+        for lr in candidate_rates(plan, key):
+            for seed in plan.seeds:
+                run = Run(*key, lr, seed)
+                record = load(plan, run)
+                if record is not None:
+                    records[run] = record
     return records
 
 
@@ -349,7 +411,7 @@ def execute(plan, run, train_fn, *, command, machine):
 
 def run_phase(plan, train_fn, phase, *, command, machine):
     """Trains (or reads back) the runs of `phase`: "tune" (every grid at
-    the first seed), "seeds" (each best learning rate with every seed),
+    the first seed, then the rates `next_edge_rate` adds), "seeds" (each best learning rate with every seed),
     "all" (both) or "report" (nothing; the folders are only checked)."""
     if phase not in ("tune", "seeds", "all", "report"):
         raise ValueError(f"Unknown phase {phase!r}.")
@@ -358,6 +420,11 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         for run in tuning_runs(plan):
             records[run] = execute(plan, run, train_fn, command=command,
                                    machine=machine)
+        for key in plan.grids:
+            while (lr := next_edge_rate(plan, records, key)) is not None:
+                run = Run(*key, lr, plan.tune_seed)
+                records[run] = execute(plan, run, train_fn, command=command,
+                                       machine=machine)
     if phase in ("seeds", "all"):
         missing = [r.folder for r in tuning_runs(plan) if r not in records]
         if missing:

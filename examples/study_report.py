@@ -38,15 +38,20 @@ def _mean_of(values):
 def best_summaries(plan, records):
     """(cell, variant) -> dict of the best learning rate's runs over seeds:
     lr, accuracy mean/std/n, median (v_hat - Phi) / Phi and the fraction
-    below gamma' (means over seeds; NaN for DP-SGD)."""
+    below gamma' (means over seeds; NaN for DP-SGD), and `edge`: whether lr
+    is the lowest or highest of the rates tuned."""
     summaries = {}
+    tuned = study_plan.tuned_rates(plan, records)
     for key, lr in study_plan.best_learning_rates(plan, records).items():
         found = [records[r] for r in (
             study_plan.Run(*key, lr, seed) for seed in plan.seeds)
             if r in records]
         mean, std, n = comparison.aggregate_seeds(r.accuracy for r in found)
+        rates = sorted(tuned[key])
         summaries[key] = dict(
             lr=lr, mean=mean, std=std, n=n,
+            # The optimum may lie beyond the rates tried.
+            edge=len(rates) > 1 and lr in (rates[0], rates[-1]),
             vc=_mean_of(r.moments.get("median_vc_over_phi") for r in found),
             below=_mean_of(r.moments.get("below_gamma") for r in found))
     return summaries
@@ -136,7 +141,9 @@ def _best_table(plan, summaries):
                         f" {_number(100 * s['std'], '.2f')}")
             below = ("n/a" if math.isnan(s["below"])
                      else f"{100 * s['below']:.0f}%")
-            lines.append(f"| {cell.name} | {variant.label} | {s['lr']:g} |"
+            edge = " (at an end of the rates tried)" if s["edge"] else ""
+            lines.append(f"| {cell.name} | {variant.label} |"
+                         f" {s['lr']:g}{edge} |"
                          f" {s['n']} | {accuracy} | {_number(s['vc'])} |"
                          f" {below} |")
     return lines
@@ -178,10 +185,10 @@ def plot_tuning(path, plan, records):
     figure = plots.new_figure(4.0 * len(plan.cells), 3.6)
     for i, cell in enumerate(plan.cells):
         axes = figure.add_subplot(1, len(plan.cells), i + 1)
+        tuned = study_plan.tuned_rates(plan, records)
         for variant in plan.variants:
-            points = [(lr, records[run].accuracy) for lr in plan.grids[
-                (cell.name, variant.name)] if (run := study_plan.Run(
-                    cell.name, variant.name, lr, plan.tune_seed)) in records]
+            found = tuned.get((cell.name, variant.name), {})
+            points = [(lr, found[lr].accuracy) for lr in sorted(found)]
             if points:
                 axes.plot([p[0] for p in points],
                           [100 * p[1] for p in points], marker="o",
@@ -239,6 +246,9 @@ def write_report(plan, records, output_dir, command, machine):
     wall = sum(r.record.wall_seconds or 0.0 for r in records.values())
     planned = len(study_plan.tuning_runs(plan)) + len(plan.cells) * len(
         plan.variants) * (len(plan.seeds) - 1)
+    added = sum(lr not in plan.grids[key]
+                for key, found in study_plan.tuned_rates(plan, records).items()
+                for lr in found)
     lines = [
         f"# {TITLES.get(plan.study, plan.study)} (Fashion-MNIST)", "",
         "Written by `examples.study` from the runs in "
@@ -253,9 +263,11 @@ def write_report(plan, records, output_dir, command, machine):
         f" {', '.join(map(str, plan.seeds))}.", "",
         f"- Command: `{command}`",
         f"- Machine: {machine}",
-        f"- Runs: {len(records)} finished of {planned} planned; total"
-        f" training time {wall:.0f} s ({wall / 3600:.2f} h, the sum of the"
-        " runs' wall seconds).",
+        f"- Runs: {len(records)} finished of {planned} planned"
+        f" ({added} of them learning rates tuning added beyond an end of a"
+        f" grid, up to {plan.edge_extensions} per end, while the best sat"
+        f" there); total training time {wall:.0f} s ({wall / 3600:.2f} h,"
+        " the sum of the runs' wall seconds).",
         "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
         " v̂ = v/(1 − β₂ᵗ), over every coordinate; v̂ − Φ estimates the clean"
         " second moment v^c, with noise of about Φ·√(2(1 − β₂)) per"
@@ -325,7 +337,7 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned):
             "cell": cell, "variant": variant,
             "label": plan.variant(variant).label, "learning_rate": s["lr"],
             "mean": s["mean"], "std": s["std"], "seeds": s["n"],
-            "median_vc_over_phi": _finite(s["vc"]),
+            "at_edge": s["edge"], "median_vc_over_phi": _finite(s["vc"]),
         } for cell in cells for variant in (v.name for v in plan.variants)
             for s in [summaries.get((cell, variant))] if s is not None],
         "gaps": [{
@@ -345,7 +357,9 @@ def render_summary(summary):
         f"{summary['runs']} runs finished of {summary['planned']} planned"
         f" ({summary['wall_seconds'] / 3600:.2f} h of training). Each"
         " cell: the best learning rate of each optimizer, test accuracy (%)"
-        " mean ± std over its seeds. Details, every setting and every run:"
+        " mean ± std over its seeds; \"(edge)\": the best rate is the lowest"
+        " or highest tried, so the optimum may lie beyond. Details, every"
+        " setting and every run:"
         f" [{summary['files']['report']}]({summary['files']['report']}).", "",
         *_header("ε", "B", "σ", "steps", "CNN", "augmult K", "EMA",
                  "optimizer", "lr", "test accuracy (%)", "median (v̂ − Φ)/Φ"),
@@ -357,7 +371,8 @@ def render_summary(summary):
             f"| {c['target_epsilon']:g} | {c['batch_size']} |"
             f" {c['noise_multiplier']:.4g} | {c['steps']} | {c['cnn']} |"
             f" {c['augmult'] or 'none'} | {c['ema_momentum'] or 'none'} |"
-            f" {row['label']} | {row['learning_rate']:g} |"
+            f" {row['label']} | {row['learning_rate']:g}"
+            f"{' (edge)' if row['at_edge'] else ''} |"
             f" {runs.format_percent(row['mean'])} ±"
             f" {100 * row['std']:.2f} ({row['seeds']} seed"
             f"{'' if row['seeds'] == 1 else 's'}) |"

@@ -12,8 +12,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from examples import runs
 from examples import study_plan
+from examples import study_report
 
 import helpers
 
@@ -28,12 +28,13 @@ def _cells(batch_sizes=(16, 32), num_examples=64, **kwargs):
 
 
 def _plan(runs_dir, cells=None, names=("dpadam", "dpadam_corrected"),
-          seeds=(0, 1), lr_span=1):
+          seeds=(0, 1), lr_span=1, edge_extensions=0):
     variants = study_plan.default_variants()
     return study_plan.make_plan(
         "regime_map", cells=cells or _cells(),
         variants=[variants[n] for n in names], seeds=seeds,
-        runs_dir=runs_dir, data=study_plan.data_spec(64), lr_span=lr_span)
+        runs_dir=runs_dir, data=study_plan.data_spec(64), lr_span=lr_span,
+        edge_extensions=edge_extensions)
 
 
 class CellTest(parameterized.TestCase):
@@ -176,6 +177,56 @@ class PhasesTest(absltest.TestCase):
         calls.clear()
         study_plan.run_phase(plan, train_fn, "all", command="c", machine={})
         self.assertEmpty(calls)
+
+    def test_tuning_goes_past_a_grid_end_while_the_best_sits_there(self):
+        plan = _plan(tempfile.mkdtemp(), cells=_cells((16,)),
+                     edge_extensions=2)
+        adam_grid = plan.grids[("eps3_B16", "dpadam")]
+        bc_grid = plan.grids[("eps3_B16", "dpadam_corrected")]
+        step = study_plan.half_decade_step
+        # DP-Adam peaks one half-decade above its grid; DP-AdamBC keeps
+        # improving below its grid, past the two rates allowed.
+        peak = step(max(adam_grid), 1)
+
+        def accuracy(config):
+            k = round(2 * math.log10(config.learning_rate))
+            if config.optimizer == "dpadam":
+                return 0.9 - 0.01 * abs(k - round(2 * math.log10(peak)))
+            return 0.5 - 0.01 * k + 0.001 * config.seed
+
+        calls = []
+        train_fn = helpers.fake_train_fn(accuracy, calls)
+        records = study_plan.run_phase(plan, train_fn, "tune", command="c",
+                                       machine={})
+        self.assertEqual(
+            [(c.optimizer, c.learning_rate) for c in calls][6:],
+            [("dpadam", peak), ("dpadam", step(max(adam_grid), 2)),
+             ("dpadam_corrected", step(min(bc_grid), -1)),
+             ("dpadam_corrected", step(min(bc_grid), -2))])
+        best = study_plan.best_learning_rates(plan, records)
+        self.assertEqual(best, {
+            ("eps3_B16", "dpadam"): peak,
+            ("eps3_B16", "dpadam_corrected"): step(min(bc_grid), -2)})
+        self.assertIsNone(study_plan.next_edge_rate(
+            plan, records, ("eps3_B16", "dpadam_corrected")))
+        # Read back from disk, the added rates included; nothing retrained.
+        self.assertEqual(study_plan.collect(plan), records)
+        calls.clear()
+        records = study_plan.run_phase(plan, train_fn, "all", command="c",
+                                       machine={})
+        self.assertEqual(sorted((c.optimizer, c.learning_rate, c.seed)
+                                for c in calls),
+                         [("dpadam", peak, 1),
+                          ("dpadam_corrected", step(min(bc_grid), -2), 1)])
+        # The report flags the best that is still at an end.
+        summaries = study_report.best_summaries(plan, records)
+        self.assertFalse(summaries[("eps3_B16", "dpadam")]["edge"])
+        self.assertTrue(summaries[("eps3_B16", "dpadam_corrected")]["edge"])
+        # Without extensions the same runs on disk are the grid's only.
+        self.assertLen(study_plan.collect(dataclasses.replace(
+            plan, edge_extensions=0)), 6)
+        self.assertEqual(step(0.01, 1), 0.0316)
+        self.assertEqual(step(0.00316, -3), 0.0001)
 
     def test_a_folder_of_other_settings_is_refused(self):
         runs_dir = tempfile.mkdtemp()
