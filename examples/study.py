@@ -51,8 +51,9 @@ The plan (issue 18, about 8 hours in all):
   (`--cnn=small`, 7-10 times cheaper per epoch), so that it affords 10
   epochs: `--cnn=small --epochs=10 --eval_every=100
   --lr_centres=dpsgd=0.6,dpadam=0.0019,dpadam_corrected=0.0006,
-  dpadam_corrected_wd=0.0006,dpadam_corrected_b2=0.0006` (2344 / 586 / 146
-  steps at B = 256 / 1024 / 4096, 75 runs, about 1.8 h);
+  dpadam_corrected_wd=0.0006,dpadam_corrected_b2=0.0006
+  --lr_edge_extensions=2` (2344 / 586 / 146 steps at B = 256 / 1024 /
+  4096, 75 runs and the rates added past grid ends, about 2.5 h);
 - best recipe: `--study=best_recipe --cnn=small --epochs=40
   --ema_momentum=0.99 --augmult=0 --variants=dpsgd,dpadam,dpadam_corrected
   --lr_centres=dpsgd=0.5,dpadam=0.0019,dpadam_corrected=0.0006
@@ -60,8 +61,9 @@ The plan (issue 18, about 8 hours in all):
   setting of Tramer & Boneh's end-to-end CNN): 3 optimizers x 3 learning
   rates x 2 epsilons at seed 0 and each best with seeds 1 and 2, 30 runs,
   about 3 h (6.5 min per run on the busy machine);
-- the SST-2 from-scratch point (`examples.reproduce --task=sst2_scratch`):
-  15 runs, about 1 h.
+- the SST-2 from-scratch point (`examples.reproduce --task=sst2_scratch
+  --l2_norm_clip=10 --noise_multiplier=0.5`, epsilon = 7 as the other SST-2
+  rows; C = 0.1 collapsed to the majority class): 15 runs, about 2 h.
 `--phase=plan` prints the estimate of any setting.
 """
 
