@@ -263,11 +263,12 @@ def write_report(plan, records, output_dir, command, machine):
         f" {', '.join(map(str, plan.seeds))}.", "",
         f"- Command: `{command}`",
         f"- Machine: {machine}",
-        f"- Runs: {len(records)} finished of {planned} planned"
-        f" ({added} of them learning rates tuning added beyond an end of a"
-        f" grid, up to {plan.edge_extensions} per end, while the best sat"
-        f" there); total training time {wall:.0f} s ({wall / 3600:.2f} h,"
-        " the sum of the runs' wall seconds).",
+        f"- Runs: {len(records)} finished: {len(records) - added} of the"
+        f" {planned} planned, and {added} at learning rates that tuning"
+        f" added beyond an end of a grid (up to {plan.edge_extensions} per"
+        " end, while the best sat there); total training time"
+        f" {wall:.0f} s ({wall / 3600:.2f} h, the sum of the runs' wall"
+        " seconds).",
         "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
         " v̂ = v/(1 − β₂ᵗ), over every coordinate; v̂ − Φ estimates the clean"
         " second moment v^c, with noise of about Φ·√(2(1 − β₂)) per"
