@@ -302,7 +302,8 @@ def write_report(plan, records, output_dir, command, machine):
     with open(path, "w") as f:
         f.write("\n".join(lines))
     summary = summary_record(plan, summaries, gap_values, wall=wall,
-                             runs_done=len(records), planned=planned)
+                             runs_done=len(records), planned=planned,
+                             added=added)
     with open(os.path.join(output_dir, f"{stem}.json"), "w") as f:
         json.dump(summary, f, indent=1, allow_nan=False)
     return path
@@ -312,7 +313,8 @@ def _finite(x):
     return None if x is None or math.isnan(x) else float(x)
 
 
-def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned):
+def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned,
+                   added=0):
     """What RESULTS.md shows of a study (saved as <STUDY>_fashion_mnist.json
     beside its page): the cells, every (cell, variant)'s best learning rate
     with its mean ± std over seeds, and the gaps over DP-Adam."""
@@ -323,7 +325,8 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned):
         "files": {"report": f"{stem}.md",
                   **({"gap_vs_batch": f"{stem}_gap_vs_batch.png"}
                      if gap_values else {})},
-        "runs": runs_done, "planned": planned, "wall_seconds": wall,
+        "runs": runs_done, "planned": planned, "added": added,
+        "wall_seconds": wall,
         "cells": [{
             "name": cell.name, "target_epsilon": cell.target_epsilon,
             "batch_size": cell.base.batch_size, "steps": cell.steps,
@@ -355,7 +358,9 @@ def render_summary(summary):
     cells = {c["name"]: c for c in summary["cells"]}
     lines = [
         f"## {summary['title']} (Fashion-MNIST, from scratch)", "",
-        f"{summary['runs']} runs finished of {summary['planned']} planned"
+        f"{summary['runs']} runs finished ({summary.get('added', 0)} of"
+        " them at learning rates added past a grid end) for"
+        f" {summary['planned']} planned"
         f" ({summary['wall_seconds'] / 3600:.2f} h of training). Each"
         " cell: the best learning rate of each optimizer, test accuracy (%)"
         " mean ± std over its seeds; \"(edge)\": the best rate is the lowest"

@@ -13,6 +13,7 @@ from examples import common
 from examples import experiments
 from examples import results_report
 from examples import runs
+from examples import study_report
 from examples.runs import Setting
 
 import helpers
@@ -65,11 +66,19 @@ class RecordedRunsTest(absltest.TestCase):
         self.assertGreaterEqual(len(recorded), 2)
         summaries = [runs.read_json(os.path.join(docs, f"RESULTS_{t}.json"))
                      for t in recorded]
-        self.assertEqual(results_report.render_index(summaries),
+        # And the studies' summaries (examples.study) recorded there.
+        stems = [study_report.report_stem(s) for s in study_report.TITLES
+                 if os.path.exists(os.path.join(
+                     docs, f"{study_report.report_stem(s)}.json"))]
+        studies = [runs.read_json(os.path.join(docs, f"{stem}.json"))
+                   for stem in stems]
+        self.assertEqual(results_report.render_index(summaries, studies),
                          _read(os.path.join(docs, "RESULTS.md")))
         output_dir = tempfile.mkdtemp()
-        for task, summary in zip(recorded, summaries):
-            with open(os.path.join(output_dir, f"RESULTS_{task}.json"),
+        for name, summary in zip(
+                [f"RESULTS_{t}" for t in recorded] + stems,
+                summaries + studies):
+            with open(os.path.join(output_dir, f"{name}.json"),
                       "w", encoding="utf-8") as f:
                 json.dump(summary, f)
         self.assertEqual(_read(results_report.write_index(output_dir)),
