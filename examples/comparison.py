@@ -50,11 +50,16 @@ def aggregate_curves(histories):
     return np.array(steps), mean, std
 
 
+def at_edge(rate, rates):
+    """Whether `rate` is the lowest or highest of `rates` (with more than
+    one), i.e. the optimum may lie outside them."""
+    rates = sorted(set(rates))
+    return len(rates) > 1 and rate in (rates[0], rates[-1])
+
+
 def at_grid_edge(setting, grid):
-    """Whether `setting`'s learning rate is the lowest or highest of its
-    grid (with more than one), i.e. the optimum may lie outside it."""
-    rates = sorted({s.learning_rate for s in grid})
-    return len(rates) > 1 and setting.learning_rate in (rates[0], rates[-1])
+    """`at_edge` of `setting`'s learning rate among its grid's."""
+    return at_edge(setting.learning_rate, (s.learning_rate for s in grid))
 
 
 def compare(a, b):

@@ -410,13 +410,23 @@ def write_index(output_dir):
         path = os.path.join(output_dir, f"RESULTS_{task}.json")
         if os.path.exists(path):
             summaries.append(runs.read_json(path))
-    studies = [runs.read_json(os.path.join(
-        output_dir, f"{study_report.report_stem(study)}.json"))
-        for study in study_report.TITLES]
+    studies = list(study_summaries(output_dir).values())
     path = os.path.join(output_dir, "RESULTS.md")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render_index(summaries, [s for s in studies if s]))
+        f.write(render_index(summaries, studies))
     return path
+
+
+def study_summaries(output_dir):
+    """Stem -> the summary JSON of each study (`examples.study`) written to
+    output_dir, in `study_report.TITLES`' order."""
+    found = {}
+    for study in study_report.TITLES:
+        stem = study_report.report_stem(study)
+        summary = runs.read_json(os.path.join(output_dir, f"{stem}.json"))
+        if summary is not None:
+            found[stem] = summary
+    return found
 
 
 def write_report(plan, output_dir, command, machine):

@@ -119,9 +119,19 @@ def half_decade_grid(centre, span):
         raise ValueError(f"Expected a learning-rate centre > 0, got {centre}.")
     if span < 0:
         raise ValueError(f"Expected a grid span >= 0, got {span}.")
-    middle = round(2 * math.log10(centre))
-    return tuple(float(f"{10 ** (k / 2):.3g}")
+    middle = _half_decades(centre)
+    return tuple(_half_decade(k)
                  for k in range(middle - span, middle + span + 1))
+
+
+def _half_decades(lr):
+    """k of the grid rate 10^(k / 2) nearest `lr`."""
+    return round(2 * math.log10(lr))
+
+
+def _half_decade(k):
+    """10^(k / 2) to 3 significant digits: the grids' rates."""
+    return float(f"{10 ** (k / 2):.3g}")
 
 
 def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
@@ -315,7 +325,7 @@ def tuning_runs(plan):
 def half_decade_step(lr, steps):
     """The rate `steps` half-decades from `lr` on the grid of
     `half_decade_grid` (3 significant digits): 0.01, 1 -> 0.0316."""
-    return float(f"{10 ** ((round(2 * math.log10(lr)) + steps) / 2):.3g}")
+    return _half_decade(_half_decades(lr) + steps)
 
 
 def candidate_rates(plan, key):
@@ -345,11 +355,17 @@ def tuned_rates(plan, records):
     return tuned
 
 
+def _best_rate(found):
+    """The best rate of {learning rate: `StudyRecord`} (a NaN accuracy
+    loses; ties: the smaller rate)."""
+    return max(sorted(found), key=lambda lr: _score(found[lr]))
+
+
 def best_learning_rates(plan, records):
     """(cell name, variant name) -> the learning rate of the best finished
     tuning run, the rates added beyond the grid included (a NaN accuracy
     loses; ties: the smaller rate)."""
-    return {key: max(sorted(found), key=lambda lr: _score(found[lr]))
+    return {key: _best_rate(found)
             for key, found in tuned_rates(plan, records).items()}
 
 
@@ -363,7 +379,7 @@ def next_edge_rate(plan, records, key):
     grid = plan.grids[key]
     if len(grid) < 2 or any(lr not in found for lr in grid):
         return None
-    best = best_learning_rates(plan, records)[key]
+    best = _best_rate(found)
     rates = sorted(found)
     if best == rates[-1]:
         added = sum(lr > max(grid) for lr in rates)
@@ -411,8 +427,9 @@ def execute(plan, run, train_fn, *, command, machine):
 
 def run_phase(plan, train_fn, phase, *, command, machine):
     """Trains (or reads back) the runs of `phase`: "tune" (every grid at
-    the first seed, then the rates `next_edge_rate` adds), "seeds" (each best learning rate with every seed),
-    "all" (both) or "report" (nothing; the folders are only checked)."""
+    the first seed, then the rates `next_edge_rate` adds), "seeds" (each
+    best learning rate with every seed), "all" (both) or "report"
+    (nothing; the folders are only checked)."""
     if phase not in ("tune", "seeds", "all", "report"):
         raise ValueError(f"Unknown phase {phase!r}.")
     records = collect(plan)  # A mismatched folder fails before training.

@@ -47,11 +47,9 @@ def best_summaries(plan, records):
             study_plan.Run(*key, lr, seed) for seed in plan.seeds)
             if r in records]
         mean, std, n = comparison.aggregate_seeds(r.accuracy for r in found)
-        rates = sorted(tuned[key])
         summaries[key] = dict(
             lr=lr, mean=mean, std=std, n=n,
-            # The optimum may lie beyond the rates tried.
-            edge=len(rates) > 1 and lr in (rates[0], rates[-1]),
+            edge=comparison.at_edge(lr, tuned[key]),
             vc=_mean_of(r.moments.get("median_vc_over_phi") for r in found),
             below=_mean_of(r.moments.get("below_gamma") for r in found))
     return summaries
@@ -183,9 +181,9 @@ def plot_tuning(path, plan, records):
     """Final accuracy vs learning rate at the tuning seed, one panel per
     cell, one line per variant."""
     figure = plots.new_figure(4.0 * len(plan.cells), 3.6)
+    tuned = study_plan.tuned_rates(plan, records)
     for i, cell in enumerate(plan.cells):
         axes = figure.add_subplot(1, len(plan.cells), i + 1)
-        tuned = study_plan.tuned_rates(plan, records)
         for variant in plan.variants:
             found = tuned.get((cell.name, variant.name), {})
             points = [(lr, found[lr].accuracy) for lr in sorted(found)]

@@ -13,7 +13,6 @@ from examples import common
 from examples import experiments
 from examples import results_report
 from examples import runs
-from examples import study_report
 from examples.runs import Setting
 
 import helpers
@@ -67,11 +66,10 @@ class RecordedRunsTest(absltest.TestCase):
         summaries = [runs.read_json(os.path.join(docs, f"RESULTS_{t}.json"))
                      for t in recorded]
         # And the studies' summaries (examples.study) recorded there.
-        stems = [study_report.report_stem(s) for s in study_report.TITLES
-                 if os.path.exists(os.path.join(
-                     docs, f"{study_report.report_stem(s)}.json"))]
-        studies = [runs.read_json(os.path.join(docs, f"{stem}.json"))
-                   for stem in stems]
+        studies_by_stem = results_report.study_summaries(docs)
+        self.assertIn("BEST_RECIPE_fashion_mnist", studies_by_stem)
+        stems, studies = (list(studies_by_stem),
+                          list(studies_by_stem.values()))
         self.assertEqual(results_report.render_index(summaries, studies),
                          _read(os.path.join(docs, "RESULTS.md")))
         output_dir = tempfile.mkdtemp()
