@@ -12,6 +12,7 @@ from tf_dpadam.accounting import compute_dp_sgd_privacy_statement
 from tf_dpadam.accounting import epsilon_after_steps
 from tf_dpadam.callbacks import PrivacyBudget
 from tf_dpadam.diagnostics import MomentDiagnostics
+from tf_dpadam.gradient_norms import per_example_gradient_norms
 from tf_dpadam.dp_math import DPConfig
 from tf_dpadam.optimizers import DPAdam
 from tf_dpadam.optimizers import DPAdamCorrected

@@ -232,12 +232,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         _require_dp_optimizer(optimizer)
         check_no_example_mixing(self.base_model)
         config = optimizer.dp_config
-        if not all(layer.built
-                   for layer in keras_internals.all_layers(self.base_model)):
-            # A model without `keras.Input` builds on its first call: make
-            # that call here, on the first trace, so that its weights (and
-            # the optimizer's) exist before the step reads them.
-            self(x, training=False)
+        self._build_on_first_call(x)
         variables = self.trainable_variables
         if not variables:
             warnings.warn("The model does not have any trainable weights.")
@@ -246,18 +241,10 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             optimizer.build(variables)
         if self.diagnostics:
             self._clean_gradients.value.build(variables)
-        # Examples, not views: K views of an example are one example.
-        present = _present_examples(x, sample_weight)
-        if self.augment is not None or self.augmult > 1:
-            # K views per example, in consecutive rows (made once, outside
-            # the per-example gradients); y and the weights follow.
-            x = augmentation.views(self.augment, x, self.augmult)
-            y, sample_weight = augmentation.repeat_examples(
-                (y, sample_weight), self.augmult
-            )
+        x, y, sample_weight, present = self._views(x, y, sample_weight)
 
         # Phases 1 and 2: per-example gradients, clipped and summed.
-        summed, losses, y_pred = self._sum_of_clipped_gradients(
+        summed, _, losses, y_pred = self._sum_of_clipped_gradients(
             x, y, sample_weight, present, self._clip_norm(config)
         )
         count = ops.sum(present)
@@ -296,6 +283,43 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         )
 
+    def _build_on_first_call(self, x):
+        if not all(layer.built
+                   for layer in keras_internals.all_layers(self.base_model)):
+            # A model without `keras.Input` builds on its first call: make
+            # that call here, on the first trace, so that its weights (and
+            # the optimizer's) exist before the step reads them.
+            self(x, training=False)
+
+    def _views(self, x, y, sample_weight):
+        """`(x, y, sample_weight, present)`: the rows the step clips.
+
+        `present` is per example (K views of an example are one example).
+        With `augment` or K > 1, the rows are the K views of each example,
+        in consecutive rows (made once, outside the per-example gradients);
+        y and the weights follow.
+        """
+        present = _present_examples(x, sample_weight)
+        if self.augment is not None or self.augmult > 1:
+            x = augmentation.views(self.augment, x, self.augmult)
+            y, sample_weight = augmentation.repeat_examples(
+                (y, sample_weight), self.augmult
+            )
+        return x, y, sample_weight, present
+
+    def per_example_norms_step(self, data):
+        """`(norms, present)` of one batch, without an update: every
+        example's gradient norm before clipping, as the train step computes
+        it (see `tf_dpadam.per_example_gradient_norms`; NOT private)."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        self._build_on_first_call(x)
+        x, y, sample_weight, present = self._views(x, y, sample_weight)
+        # C does not change the norms.
+        _, norms, _, _ = self._sum_of_clipped_gradients(
+            x, y, sample_weight, present, 1.0
+        )
+        return norms, present
+
     def _sum_of_clipped_gradients(self, x, y, sample_weight, present,
                                   l2_norm_clip):
         """The sum of clipped per-example gradients (phases 1 and 2).
@@ -309,12 +333,13 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         example.
 
         Returns:
-            `(summed, losses, y_pred)`: one sum per trainable variable, the
+            `(summed, norms, losses, y_pred)`: one sum per trainable
+            variable, the per-example gradient norms before clipping, the
             per-example losses and the predictions (one per row).
         """
         if self.clipping != "vectorized":
             try:
-                summed, _, losses, y_pred = (
+                summed, norms, losses, y_pred = (
                     ghost_clipping.clipped_gradient_sum(
                         self, ghost_clipping.compiled_loss_fn(self), x, y,
                         sample_weight, l2_norm_clip, mask=present,
@@ -322,19 +347,21 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
                     )
                 )
                 self.clipping_used = "ghost"
-                return summed, losses, y_pred
+                return summed, norms, losses, y_pred
             except ghost_clipping.GhostClippingUnsupportedError as error:
                 if self.clipping == "ghost":
                     raise ValueError(
                         "make_private(clipping='ghost'): " + str(error)
                     ) from error
                 self.ghost_unsupported_reason = str(error)
-        summed, _, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
-            self, x, y, sample_weight, l2_norm_clip, mask=present,
-            group_size=self.augmult,
+        summed, norms, losses, y_pred = (
+            vectorized_clipping.clipped_gradient_sum(
+                self, x, y, sample_weight, l2_norm_clip, mask=present,
+                group_size=self.augmult,
+            )
         )
         self.clipping_used = "vectorized"
-        return summed, losses, y_pred
+        return summed, norms, losses, y_pred
 
     def _noise_scale_apply(self, summed, count, variables):
         """Noise once, divide by B, apply.
