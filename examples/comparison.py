@@ -57,6 +57,25 @@ def at_edge(rate, rates):
     return len(rates) > 1 and rate in (rates[0], rates[-1])
 
 
+def edge_direction(best, rates, grid, extensions):
+    """Where tuning should try one more rate: +1 (above) when `best` is the
+    highest of `rates` (the grid's and those added beyond it), -1 (below)
+    when it is the lowest, provided the grid has two rates or more and
+    fewer than `extensions` were added beyond the grid on that side; else
+    None."""
+    grid = sorted(set(grid))
+    rates = sorted(set(rates))
+    if len(grid) < 2:
+        return None
+    if best == rates[-1]:
+        added, direction = sum(lr > grid[-1] for lr in rates), 1
+    elif best == rates[0]:
+        added, direction = sum(lr < grid[0] for lr in rates), -1
+    else:
+        return None
+    return direction if added < extensions else None
+
+
 def at_grid_edge(setting, grid):
     """`at_edge` of `setting`'s learning rate among its grid's."""
     return at_edge(setting.learning_rate, (s.learning_rate for s in grid))

@@ -13,6 +13,7 @@ import math
 import os
 
 from examples import common
+from examples import comparison
 from examples import finetune as finetune_lib
 from examples import runs
 from examples.runs import Setting
@@ -95,6 +96,8 @@ class Plan:
     data: dict
     # The learning rate of the non-private ceiling run (None: no ceiling).
     ceiling_learning_rate: float | None = None
+    # Rates tuning may add past each end of a grid (`extended_plan`).
+    edge_extensions: int = 0
 
     @property
     def tune_seed(self):
@@ -123,7 +126,7 @@ def make_grid(optimizer, learning_rates, gammas=(None,)):
 
 
 def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
-              ceiling_learning_rate=None):
+              ceiling_learning_rate=None, edge_extensions=0):
     """A `Plan`; learning_rates / gammas: optimizer -> values."""
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}; expected one of "
@@ -141,9 +144,13 @@ def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
     if ceiling_learning_rate is not None and not ceiling_learning_rate > 0:
         raise ValueError(f"Expected ceiling_learning_rate="
                          f"{ceiling_learning_rate!r} > 0.")
+    if not (isinstance(edge_extensions, int) and edge_extensions >= 0):
+        raise ValueError(f"Expected edge_extensions={edge_extensions!r} to"
+                         " be an int >= 0.")
     return Plan(task=task, base=base, grids=grids, seeds=seeds,
                 runs_dir=runs_dir, data=dict(data),
-                ceiling_learning_rate=ceiling_learning_rate)
+                ceiling_learning_rate=ceiling_learning_rate,
+                edge_extensions=edge_extensions)
 
 
 def planned_config(plan, setting, seed):
@@ -158,15 +165,67 @@ def execute_run(plan, setting, seed, train_fn, command, machine):
     return runs.execute(config.model_dir, config, data=plan.data,
                         train_fn=train_fn, command=command, machine=machine)
 
+def load_run(plan, setting, seed):
+    """The finished run of (setting, seed) (a `runs.Record`), or None."""
+    config = planned_config(plan, setting, seed)
+    return runs.load_record(config.model_dir, config, plan.data)
+
+
+def next_rate(rates, direction):
+    """The rate one grid step past the end of `rates` in `direction` (+1
+    above, -1 below): the grid's ratio at that end continued, to 3
+    significant digits (0.1, 0.316, 1 -> 3.16 above, 0.0316 below)."""
+    rates = sorted(rates)
+    end, neighbour = ((rates[-1], rates[-2]) if direction > 0
+                      else (rates[0], rates[1]))
+    return float(f"{end * end / neighbour:.3g}")
+
+
+def extended_plan(plan):
+    """`plan` with the rates that tuning adds past its grids' ends.
+
+    For each optimizer and gamma, once every rate of its grid has a finished
+    tuning run (the first seed): while the best of them (`pick_best`) is the
+    highest (lowest) rate tried, and fewer than `plan.edge_extensions` rates
+    were added above (below) the grid, the next rate past that end
+    (`next_rate`) joins the grid. The added settings follow the finished
+    runs on disk, so that every phase and the report see the same grids.
+    The result has `edge_extensions=0`: extending it again changes nothing.
+    """
+    if not plan.edge_extensions:
+        return plan
+    grids = {}
+    for name, grid in plan.grids.items():
+        settings = list(grid)
+        for gamma in dict.fromkeys(s.gamma for s in grid):
+            base = [s.learning_rate for s in grid if s.gamma == gamma]
+            while True:
+                group = [s for s in settings if s.gamma == gamma]
+                found = [load_run(plan, s, plan.tune_seed) for s in group]
+                if None in found:
+                    break
+                best, _ = pick_best(
+                    (s, r.accuracy) for s, r in zip(group, found))[name]
+                rates = [s.learning_rate for s in group]
+                direction = comparison.edge_direction(
+                    best.learning_rate, rates, base, plan.edge_extensions)
+                if direction is None:
+                    break
+                settings.append(
+                    Setting(name, next_rate(rates, direction), gamma))
+        grids[name] = tuple(settings)
+    return dataclasses.replace(plan, grids=grids, edge_extensions=0)
+
+
 def collect(plan):
-    """All finished runs of the plan on disk: name -> Record."""
+    """All finished runs of the plan on disk: name -> Record (with the rates
+    `extended_plan` adds)."""
+    plan = extended_plan(plan)
     records = {}
     for grid in plan.grids.values():
         for setting in grid:
             for seed in plan.seeds:
-                config = planned_config(plan, setting, seed)
-                record = runs.load_record(config.model_dir, config,
-                                          plan.data)
+                record = load_run(plan, setting, seed)
                 if record is not None:
                     records[record.name] = record
     return records
@@ -194,9 +253,10 @@ def pick_best(scored):
 
 
 def best_of_tuning(plan, records):
-    """optimizer -> best Setting among the finished tuning runs."""
+    """optimizer -> best Setting among the finished tuning runs (with the
+    rates `extended_plan` adds)."""
     scored = []
-    for grid in plan.grids.values():
+    for grid in extended_plan(plan).grids.values():
         for setting in grid:
             record = records.get(runs.run_name(setting, plan.tune_seed))
             if record is not None:
@@ -276,14 +336,21 @@ def run_phase(plan, train_fn, phase, *, command, machine):
     # Check every run folder first: a mismatch fails before any training.
     collect(plan)
     if phase in ("tune", "all"):
-        for grid in plan.grids.values():
-            for setting in grid:
+        done = set()
+        while True:  # Each pass may add rates past a grid's end.
+            todo = [s for grid in extended_plan(plan).grids.values()
+                    for s in grid if s not in done]
+            if not todo:
+                break
+            for setting in todo:
                 execute_run(plan, setting, plan.tune_seed, train_fn, command,
                             machine)
+                done.add(setting)
     if phase in ("seeds", "all"):
         records = collect(plan)
         missing = [runs.run_name(s, plan.tune_seed)
-                   for grid in plan.grids.values() for s in grid
+                   for grid in extended_plan(plan).grids.values()
+                   for s in grid
                    if runs.run_name(s, plan.tune_seed) not in records]
         if missing:
             raise ValueError(f"Tuning is not finished ({len(missing)} runs "

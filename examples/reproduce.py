@@ -10,7 +10,10 @@ protocol on the data this project has offline: Fashion-MNIST for the CNN
 (`examples.train_image`) and SST-2 for the text model (`examples.train_text`):
 
 1. `--phase=tune`: for each optimizer, every learning rate x gamma of its
-   grid (the paper's coarse granularity: powers of 10) at the first seed.
+   grid (the paper's coarse granularity: powers of 10) at the first seed;
+   then, while the best rate sits at an end of its grid, up to
+   `--lr_edge_extensions` (default 1) rates beyond that end, the grid's
+   ratio continued (`experiments.extended_plan`).
 2. `--phase=seeds`: the best setting of each optimizer (by final test
    accuracy, as the paper reports) with every seed of `--seeds`.
 3. `--phase=ceiling` (with `--ceiling_learning_rate`): one non-private
@@ -116,6 +119,11 @@ def define_flags():
                       "DP-Adam's grid (default: 1e-4,1e-3,1e-2).")
     flags.DEFINE_list("learning_rates_dpadam_corrected", None,
                       "DP-AdamBC's grid (default: 1e-4,1e-3,1e-2).")
+    flags.DEFINE_integer("lr_edge_extensions", 1,
+                         "Tuning adds up to this many rates beyond an end of"
+                         " a learning-rate grid, one grid step at a time,"
+                         " while the best rate sits at that end (0: the"
+                         " grid only).")
     flags.DEFINE_list("gammas_dpadam", None,
                       "DP-Adam's gamma, outside the root (default: the "
                       "paper's, 1e-8).")
@@ -134,6 +142,8 @@ def define_flags():
         shared_flags.check_list_flag(name, shared_flags.check_gamma)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
+    shared_flags.check_flag("lr_edge_extensions",
+                            validation.check_non_negative)
     for name in ("sequence_length", "max_test_examples", "lora_rank",
                  "finetune_blocks"):
         shared_flags.check_flag(name, validation.check_positive_int)
@@ -203,7 +213,8 @@ def main(argv):
             seeds=FLAGS.seeds,
             runs_dir=(FLAGS.runs_dir
                       or os.path.join(experiments.ROOT, "runs", task)),
-            data=spec, ceiling_learning_rate=FLAGS.ceiling_learning_rate)
+            data=spec, ceiling_learning_rate=FLAGS.ceiling_learning_rate,
+            edge_extensions=FLAGS.lr_edge_extensions)
         train_fn = experiments.make_train_fn(
             task, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,

@@ -433,6 +433,8 @@ def write_report(plan, output_dir, command, machine):
     """Writes RESULTS_<task>.md, its two PNGs and its summary JSON, then
     RESULTS.md (all tasks); returns the task's .md path."""
     os.makedirs(output_dir, exist_ok=True)
+    # The grids with the rates tuning added past their ends.
+    plan = experiments.extended_plan(plan)
     records = experiments.collect(plan)
     best = experiments.best_of_tuning(plan, records)
     ceiling = experiments.collect_ceiling(plan, records)

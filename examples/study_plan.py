@@ -34,6 +34,7 @@ import numpy as np
 
 import tf_dpadam
 from examples import common
+from examples import comparison
 from examples import experiments
 from examples import runs
 
@@ -377,19 +378,12 @@ def next_edge_rate(plan, records, key):
     decoupled weight decay would reach 1 is not tried."""
     found = tuned_rates(plan, records).get(key, {})
     grid = plan.grids[key]
-    if len(grid) < 2 or any(lr not in found for lr in grid):
+    if any(lr not in found for lr in grid):
         return None
     best = _best_rate(found)
-    rates = sorted(found)
-    if best == rates[-1]:
-        added = sum(lr > max(grid) for lr in rates)
-        step = 1
-    elif best == rates[0]:
-        added = sum(lr < min(grid) for lr in rates)
-        step = -1
-    else:
-        return None
-    if added >= plan.edge_extensions:
+    step = comparison.edge_direction(best, found, grid,
+                                     plan.edge_extensions)
+    if step is None:
         return None
     lr = half_decade_step(best, step)
     config = planned_config(plan, Run(*key, lr, plan.tune_seed))

@@ -1,6 +1,7 @@
 """examples/experiments.py: grids, plans and phases, on a fake training
 (no TensorFlow training) and on recorded runs (tests/testdata)."""
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -156,6 +157,56 @@ class PhasesTest(absltest.TestCase):
         self.assertLen(calls, 9)
         with self.assertRaisesRegex(ValueError, "Unknown phase"):
             experiments.run_phase(plan, None, "everything", **kwargs)
+
+    def test_tuning_extends_a_grid_past_the_end_where_its_best_sits(self):
+        plan = dataclasses.replace(
+            helpers.recorded_plan(os.path.join(tempfile.mkdtemp(), "runs")),
+            edge_extensions=2)
+        # Accuracy peaks at lr 10 for DP-SGD (grid 0.1, 1: two rates above,
+        # the second worse), at 1e-3 for DP-Adam (grid 1e-3, 1e-2: one rate
+        # below, worse) and below 1e-5 for DP-AdamBC (two rates below, then
+        # the limit).
+        peaks = {"dpsgd": 10.0, "dpadam": 1e-3, "dpadam_corrected": 1e-6}
+
+        def accuracy(config):
+            distance = abs(math.log10(config.learning_rate
+                                      / peaks[config.optimizer]))
+            return 0.9 - 0.1 * distance
+
+        calls = []
+        kwargs = dict(command="python -m examples.reproduce",
+                      machine={"platform": "test"})
+        experiments.run_phase(plan, helpers.fake_train_fn(accuracy, calls),
+                              "tune", **kwargs)
+        tried = {name: sorted(c.learning_rate for c in calls
+                              if c.optimizer == name) for name in peaks}
+        self.assertEqual(tried, {"dpsgd": [0.1, 1.0, 10.0, 100.0],
+                                 "dpadam": [1e-4, 1e-3, 1e-2],
+                                 "dpadam_corrected": [1e-5, 1e-4, 1e-3,
+                                                      1e-2]})
+        # Every later phase and the report see the extended grids.
+        extended = experiments.extended_plan(plan)
+        self.assertEqual(experiments.extended_plan(extended), extended)
+        best = experiments.best_of_tuning(plan, experiments.collect(plan))
+        self.assertEqual(best["dpsgd"].learning_rate, 10.0)
+        self.assertEqual(best["dpadam_corrected"].learning_rate, 1e-5)
+        experiments.run_phase(plan, helpers.fake_train_fn(accuracy, calls),
+                              "seeds", **kwargs)
+        self.assertEqual(
+            sorted((c.optimizer, c.learning_rate) for c in calls[11:]),
+            [("dpadam", 1e-3), ("dpadam_corrected", 1e-5),
+             ("dpsgd", 10.0)])
+        self.assertLen(experiments.collect(plan), 14)
+        # Without extensions the grids are as given.
+        self.assertEqual(
+            experiments.extended_plan(helpers.recorded_plan(
+                plan.runs_dir)).grids, plan.grids)
+
+    def test_next_rate_continues_the_grid_ratio(self):
+        self.assertEqual(experiments.next_rate((0.1, 0.316, 1.0), 1), 3.16)
+        self.assertEqual(experiments.next_rate((0.1, 0.316, 1.0), -1),
+                         0.0316)
+        self.assertEqual(experiments.next_rate((1.3, 4.0), 1), 12.3)
 
     def test_runs_on_other_data_are_refused_before_training(self):
         runs_dir = helpers.copy_testdata("runs_fashion_mnist")
