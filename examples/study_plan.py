@@ -21,8 +21,8 @@ reruns the best learning rate of each with every seed. Each run is one
 `runs.execute` folder, `<runs_dir>/<cell>/<variant>_lr<lr>_seed<seed>`: a
 finished run is read back, an interrupted one resumes from its checkpoint,
 and a folder of other settings or data is refused (`runs.check_run_dir`).
-`final_moments` measures the optimizer's second moment at the end of a run
-(stored in its metrics.json): the median over coordinates of
+`study_moments.final_moments` measures the optimizer's second moment at the
+end of a run (stored in its metrics.json): the median over coordinates of
 (v_hat - Phi) / Phi, the "v^c / Phi" of the regime map.
 """
 
@@ -30,13 +30,12 @@ import dataclasses
 import math
 import os
 
-import numpy as np
-
 import tf_dpadam
 from examples import common
 from examples import comparison
 from examples import experiments
 from examples import runs
+from examples import study_moments
 
 # The batch size at which `Variant.lr_centre` was measured (the Fashion-MNIST
 # comparison and ablations, docs/RESULTS_fashion_mnist.md).
@@ -448,51 +447,6 @@ def run_phase(plan, train_fn, phase, *, command, machine):
     return records
 
 
-def moment_statistics(velocities, *, steps, beta_2, phi, gamma=None):
-    """Statistics of (v_hat - Phi) / Phi over every coordinate.
-
-    v_hat = v / (1 - beta_2^t) after t = `steps` steps is the private second
-    moment; v_hat - Phi estimates the clean second moment v^c (unbiased, but
-    with noise of about Phi sqrt(2 (1 - beta_2)) per coordinate).
-
-    Args:
-        velocities: Adam's v, arrays of any shapes.
-        steps, beta_2: t and the optimizer's beta_2.
-        phi: (sigma C / B)^2.
-        gamma: DP-AdamBC's gamma' (None for DP-Adam).
-
-    Returns:
-        A dict: `median_vc_over_phi`, `mean_vc_over_phi` and, with gamma,
-        `below_gamma` (the fraction of coordinates with v_hat - Phi < gamma',
-        on which DP-AdamBC divides by sqrt(gamma')).
-    """
-    v = np.concatenate([np.ravel(x) for x in velocities]).astype(np.float64)
-    excess = v / (1.0 - beta_2 ** steps) - phi
-    stats = {"median_vc_over_phi": float(np.median(excess) / phi),
-             "mean_vc_over_phi": float(np.mean(excess) / phi)}
-    if gamma is not None:
-        stats["below_gamma"] = float(np.mean(excess < gamma))
-    return stats
-
-
-def final_moments(model):
-    """`{"final_moments": moment_statistics(...)}` of a trained private
-    model's DP-Adam or DP-AdamBC (`{}` for DP-SGD or before any step):
-    for `training.train_private(measure=...)`; costs no training."""
-    optimizer = model.optimizer
-    steps = int(optimizer.iterations.numpy())
-    if not hasattr(optimizer, "moments") or steps == 0:
-        return {}
-    phi = float(optimizer.noise_phi())
-    gamma = (float(optimizer.step_gamma(optimizer.step_phi()))
-             if isinstance(optimizer, tf_dpadam.DPAdamCorrected) else None)
-    velocities = [optimizer.moments(v)[1].numpy()
-                  for v in model.trainable_variables]
-    return {"final_moments": moment_statistics(
-        velocities, steps=steps, beta_2=float(optimizer.beta_2), phi=phi,
-        gamma=gamma)}
-
-
 def data_spec(max_examples=None, max_steps=None):
     """What identifies a study run's data (saved with it); `max_steps`
     (smoke tests' cap) only when set."""
@@ -508,4 +462,4 @@ def make_train_fn(data_dir=None, *, max_examples=None, max_steps=None):
 
     return lambda config: train_image.run(
         "fashion_mnist", data_dir, config, max_examples=max_examples,
-        max_steps=max_steps, measure=final_moments)
+        max_steps=max_steps, measure=study_moments.final_moments)
