@@ -79,7 +79,7 @@ from examples import shared_flags  # pylint: disable=g-bad-import-order
 
 from examples import datasets
 from examples import models
-from examples import results_report
+from examples import results_index
 from examples import runs
 from examples import study_plan
 from examples import study_report
@@ -289,7 +289,7 @@ def study(plan, train_fn, *, phase, output_dir, command, machine=None):
                                    machine=machine)
     path = study_report.write_report(plan, records, output_dir, command,
                                      machine)
-    results_report.write_index(output_dir)
+    results_index.write_index(output_dir)
     return path
 
 
