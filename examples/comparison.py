@@ -57,6 +57,17 @@ def at_edge(rate, rates):
     return len(rates) > 1 and rate in (rates[0], rates[-1])
 
 
+def half_decades(lr):
+    """k of the grid rate 10^(k / 2) nearest `lr`."""
+    return round(2 * math.log10(lr))
+
+
+def half_decade(k):
+    """10^(k / 2) to 3 significant digits: the grids' rates (0.1, 0.316,
+    1, 3.16, ...)."""
+    return float(f"{10 ** (k / 2):.3g}")
+
+
 def edge_direction(best, rates, grid, extensions):
     """Where tuning should try one more rate: +1 (above) when `best` is the
     highest of `rates` (the grid's and those added beyond it), -1 (below)

@@ -174,11 +174,17 @@ def load_run(plan, setting, seed):
 def next_rate(rates, direction):
     """The rate one grid step past the end of `rates` in `direction` (+1
     above, -1 below): the grid's ratio at that end continued, to 3
-    significant digits (0.1, 0.316, 1 -> 3.16 above, 0.0316 below)."""
+    significant digits, and on the half-decade lattice when it lands within
+    1% of it (0.000316, 0.001, 0.00316 -> 0.01, not 0.00999; 1.3, 4 ->
+    12.3)."""
     rates = sorted(rates)
     end, neighbour = ((rates[-1], rates[-2]) if direction > 0
                       else (rates[0], rates[1]))
-    return float(f"{end * end / neighbour:.3g}")
+    rate = end * end / neighbour
+    lattice = comparison.half_decade(comparison.half_decades(rate))
+    if abs(math.log(rate / lattice)) < 0.01:
+        return lattice
+    return float(f"{rate:.3g}")
 
 
 def extended_plan(plan):

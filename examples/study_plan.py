@@ -119,19 +119,9 @@ def half_decade_grid(centre, span):
         raise ValueError(f"Expected a learning-rate centre > 0, got {centre}.")
     if span < 0:
         raise ValueError(f"Expected a grid span >= 0, got {span}.")
-    middle = _half_decades(centre)
-    return tuple(_half_decade(k)
+    middle = comparison.half_decades(centre)
+    return tuple(comparison.half_decade(k)
                  for k in range(middle - span, middle + span + 1))
-
-
-def _half_decades(lr):
-    """k of the grid rate 10^(k / 2) nearest `lr`."""
-    return round(2 * math.log10(lr))
-
-
-def _half_decade(k):
-    """10^(k / 2) to 3 significant digits: the grids' rates."""
-    return float(f"{10 ** (k / 2):.3g}")
 
 
 def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
@@ -325,7 +315,7 @@ def tuning_runs(plan):
 def half_decade_step(lr, steps):
     """The rate `steps` half-decades from `lr` on the grid of
     `half_decade_grid` (3 significant digits): 0.01, 1 -> 0.0316."""
-    return _half_decade(_half_decades(lr) + steps)
+    return comparison.half_decade(comparison.half_decades(lr) + steps)
 
 
 def candidate_rates(plan, key):

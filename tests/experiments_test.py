@@ -207,6 +207,11 @@ class PhasesTest(absltest.TestCase):
         self.assertEqual(experiments.next_rate((0.1, 0.316, 1.0), -1),
                          0.0316)
         self.assertEqual(experiments.next_rate((1.3, 4.0), 1), 12.3)
+        # On the half-decade lattice despite the rounded 3.16.
+        self.assertEqual(experiments.next_rate((3.16e-4, 1e-3, 3.16e-3), 1),
+                         0.01)
+        self.assertEqual(experiments.next_rate((0.01, 0.0316, 0.1), -1),
+                         0.00316)
 
     def test_runs_on_other_data_are_refused_before_training(self):
         runs_dir = helpers.copy_testdata("runs_fashion_mnist")
