@@ -165,6 +165,7 @@ def execute_run(plan, setting, seed, train_fn, command, machine):
     return runs.execute(config.model_dir, config, data=plan.data,
                         train_fn=train_fn, command=command, machine=machine)
 
+
 def load_run(plan, setting, seed):
     """The finished run of (setting, seed) (a `runs.Record`), or None."""
     config = planned_config(plan, setting, seed)
