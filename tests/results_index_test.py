@@ -33,6 +33,7 @@ class ResultsIndexTest(absltest.TestCase):
         # And the studies' summaries (examples.study) recorded there.
         studies_by_stem = results_index.study_summaries(docs)
         self.assertIn("BEST_RECIPE_fashion_mnist", studies_by_stem)
+        self.assertIn("REGIME_MAP_fashion_mnist", studies_by_stem)
         stems, studies = (list(studies_by_stem),
                           list(studies_by_stem.values()))
         self.assertEqual(results_index.render_index(summaries, studies),
