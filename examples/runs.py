@@ -20,6 +20,10 @@ from absl import logging
 
 METRICS = "metrics.json"
 SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
+# The seconds a run has trained over all its sessions, rewritten at every
+# checkpoint (`training.ElapsedTime`), so that a resumed run's wall time
+# includes the sessions before.
+ELAPSED = "elapsed.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +193,13 @@ def machine_info():
     return info
 
 
+def seconds_spent(model_dir):
+    """The seconds the run in `model_dir` trained before (`ELAPSED`; 0 if
+    it never reached a checkpoint)."""
+    found = read_json(os.path.join(model_dir, ELAPSED))
+    return 0.0 if found is None else float(found["wall_seconds"])
+
+
 def execute(model_dir, config, *, data, train_fn, command, machine):
     """Reads back the run in `model_dir`, or trains (or resumes) it.
 
@@ -217,7 +228,8 @@ def execute(model_dir, config, *, data, train_fn, command, machine):
         json.dump(state, f, indent=1)
     logging.info("%s: training%s", os.path.basename(model_dir),
                  " (resuming)" if resumed else "")
-    start = time.time()
+    # This session's time, and the training time of the sessions before.
+    start = time.time() - (seconds_spent(model_dir) if resumed else 0.0)
     train_fn(config)
     state.update(status="done", wall_seconds=time.time() - start,
                  command=command, machine=machine)

@@ -31,6 +31,7 @@ import tensorflow as tf
 import tf_dpadam
 from examples import common
 from examples import datasets
+from examples import runs
 
 
 def poisson_plan(config, train, first_step=0):
@@ -166,6 +167,26 @@ class StopAtStep(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) >= self.steps:
             self.model.stop_training = True
+
+
+class ElapsedTime(keras.callbacks.Callback):
+    """Keeps a run's wall time across resumes: at every epoch's end (after
+    the checkpoint), writes the seconds spent so far, this session's and
+    those of the sessions before (`seconds_before`), to `path`
+    (`runs.ELAPSED` of the model_dir)."""
+
+    def __init__(self, path, seconds_before=0.0):
+        super().__init__()
+        self.path = path
+        self.seconds_before = seconds_before
+        self.start = time.time()
+
+    def seconds(self):
+        return self.seconds_before + time.time() - self.start
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.path, "w") as f:
+            json.dump({"wall_seconds": self.seconds()}, f)
 
 
 class AveragedEvaluation(keras.callbacks.Callback):
@@ -341,8 +362,14 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     callbacks = [budget, step_log, *callbacks]
     if config.ema:
         callbacks.insert(0, AveragedEvaluation())
+    elapsed = None
     if checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
+        # After the checkpoint: a resume adds the time up to it.
+        elapsed = ElapsedTime(
+            os.path.join(config.model_dir, runs.ELAPSED),
+            runs.seconds_spent(config.model_dir) if done else 0.0)
+        callbacks.append(elapsed)
     start = time.time()
     for initial_epoch, epochs, length in fit_segments(done, steps,
                                                       config.eval_every):
@@ -359,7 +386,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         )
         if model.stop_training:
             break  # A callback stopped training (e.g. StopAtStep).
-    wall = time.time() - start
+    # With a model_dir, the sessions before a resume count too.
+    wall = time.time() - start if elapsed is None else elapsed.seconds()
     # With config.ema: the average in the model, as Keras' fit leaves it.
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)

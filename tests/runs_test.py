@@ -94,11 +94,16 @@ class RunFolderTest(absltest.TestCase):
             json.dump({"config": runs.comparable_config(config),
                        "data": _DATA, "status": "running"}, f)
         open(os.path.join(model_dir, "checkpoint.keras"), "w").close()
+        # It had trained 1000 s (training.ElapsedTime).
+        with open(os.path.join(model_dir, runs.ELAPSED), "w") as f:
+            json.dump({"wall_seconds": 1000.0}, f)
         self.assertIsNone(runs.load_record(model_dir, config, _DATA))
         record = runs.execute(model_dir, config,
                               train_fn=helpers.fake_train_fn(lambda c: 0.5),
                               data=_DATA, command="x", machine={})
         self.assertTrue(record.resumed)
+        # The run's time counts the session before.
+        self.assertBetween(record.wall_seconds, 1000.0, 1100.0)
 
     def test_other_hyperparameters_or_data_are_refused(self):
         model_dir = os.path.join(tempfile.mkdtemp(), "run")

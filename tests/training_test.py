@@ -14,6 +14,7 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
+from examples import runs
 from examples import training
 
 import helpers
@@ -55,10 +56,18 @@ class LoopTest(absltest.TestCase):
             _tiny_model, (x, y), (x, y),
             helpers.train_config(epochs=2 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in first["history"]], [2])
+        # The wall time counts the sessions before a resume: say the first
+        # took 1000 s.
+        elapsed = os.path.join(model_dir, runs.ELAPSED)
+        self.assertAlmostEqual(runs.seconds_spent(model_dir),
+                               first["wall_seconds"], delta=5.0)
+        with open(elapsed, "w") as f:
+            json.dump({"wall_seconds": 1000.0}, f)
         second = training.fit_private(
             _tiny_model, (x, y), (x, y),
             helpers.train_config(epochs=4 * 16 / 64, model_dir=model_dir), loss)
         self.assertEqual([r["step"] for r in second["history"]], [2, 4])
+        self.assertBetween(second["wall_seconds"], 1000.0, 1300.0)
         with open(os.path.join(model_dir, "metrics.json")) as f:
             self.assertEqual(json.load(f)["history"], second["history"])
         # The resumed run's batches continue the run's (no replay).
