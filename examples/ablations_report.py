@@ -185,8 +185,10 @@ def render_markdown(*, ablations, records, seed, spread_seeds, base, sweeps,
         lines.append("")
     total = sum(r.wall_seconds or 0.0 for r in finished)
     lines += [f"Total wall time: {total:.0f} s ({total / 60:.1f} min) over "
-              f"{len(finished)} runs (the session that finished each run; a "
-              "resumed run counts only its last session).", ""]
+              f"{len(finished)} runs (the session that finished each run,"
+              " plus the training time of its earlier sessions if it was"
+              " resumed; runs resumed before `elapsed.json` existed,"
+              " 2026-11-24, count only their last session).", ""]
     return "\n".join(lines)
 
 

@@ -203,7 +203,9 @@ def render_markdown(*, plan, records, best, command, machine, plots,
         "## Every run",
         "",
         "Wall time: the session that finished the run, data loading "
-        "included (a resumed run counts only its last session).",
+        "included, plus the training time of its earlier sessions if it was "
+        "resumed (runs resumed before `elapsed.json` existed, 2026-11-24, "
+        "count only their last session).",
         "",
         "| run | seed | test accuracy (%) | ε | steps | wall (s) | resumed |",
         "|---|---|---|---|---|---|---|",
