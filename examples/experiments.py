@@ -354,16 +354,17 @@ def run_phase(plan, train_fn, phase, *, command, machine):
                             machine)
                 done.add(setting)
     if phase in ("seeds", "all"):
-        records = collect(plan)
+        # The grids as tuning extended them, read from disk once.
+        extended = extended_plan(plan)
+        records = collect(extended)
         missing = [runs.run_name(s, plan.tune_seed)
-                   for grid in extended_plan(plan).grids.values()
-                   for s in grid
+                   for grid in extended.grids.values() for s in grid
                    if runs.run_name(s, plan.tune_seed) not in records]
         if missing:
             raise ValueError(f"Tuning is not finished ({len(missing)} runs "
                              f"missing, e.g. {missing[0]}): run "
                              "--phase=tune first.")
-        for setting in best_of_tuning(plan, records).values():
+        for setting in best_of_tuning(extended, records).values():
             for seed in plan.seeds:
                 execute_run(plan, setting, seed, train_fn, command, machine)
     if phase == "ceiling" or (phase == "all"

@@ -173,7 +173,7 @@ class ElapsedTime(keras.callbacks.Callback):
     """Keeps a run's wall time across resumes: at every epoch's end (after
     the checkpoint), writes the seconds spent so far, this session's and
     those of the sessions before (`seconds_before`), to `path`
-    (`runs.ELAPSED` of the model_dir)."""
+    (`runs.ELAPSED` of the model_dir; None: only `seconds()`)."""
 
     def __init__(self, path, seconds_before=0.0):
         super().__init__()
@@ -185,8 +185,9 @@ class ElapsedTime(keras.callbacks.Callback):
         return self.seconds_before + time.time() - self.start
 
     def on_epoch_end(self, epoch, logs=None):
-        with open(self.path, "w") as f:
-            json.dump({"wall_seconds": self.seconds()}, f)
+        if self.path is not None:
+            with open(self.path, "w") as f:
+                json.dump({"wall_seconds": self.seconds()}, f)
 
 
 class AveragedEvaluation(keras.callbacks.Callback):
@@ -362,7 +363,6 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     callbacks = [budget, step_log, *callbacks]
     if config.ema:
         callbacks.insert(0, AveragedEvaluation())
-    elapsed = None
     if checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
         # After the checkpoint: a resume adds the time up to it.
@@ -370,7 +370,8 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
             os.path.join(config.model_dir, runs.ELAPSED),
             runs.seconds_spent(config.model_dir) if done else 0.0)
         callbacks.append(elapsed)
-    start = time.time()
+    else:
+        elapsed = ElapsedTime(None)
     for initial_epoch, epochs, length in fit_segments(done, steps,
                                                       config.eval_every):
         model.fit(
@@ -387,7 +388,7 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         if model.stop_training:
             break  # A callback stopped training (e.g. StopAtStep).
     # With a model_dir, the sessions before a resume count too.
-    wall = time.time() - start if elapsed is None else elapsed.seconds()
+    wall = elapsed.seconds()
     # With config.ema: the average in the model, as Keras' fit leaves it.
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)

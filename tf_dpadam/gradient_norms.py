@@ -27,6 +27,7 @@ import tensorflow as tf
 from tf_dpadam import keras_internals
 from tf_dpadam import pipeline
 from tf_dpadam import private_model as private_model_lib
+from tf_dpadam import validation
 
 
 def per_example_gradient_norms(model, x, y=None, sample_weight=None,
@@ -72,12 +73,8 @@ def per_example_gradient_norms(model, x, y=None, sample_weight=None,
             " sample_weight and batch_size) or a tf.data.Dataset of"
             f" batches; got {type(x).__name__}."
         )
-    if batch_size is not None and not (
-            isinstance(batch_size, int) and batch_size > 0):
-        raise ValueError(
-            f"Expected batch_size={batch_size!r} to be a positive int or"
-            " None."
-        )
+    if batch_size is not None:
+        validation.check_positive_int("batch_size", batch_size)
     data = pipeline.batched(x, y, sample_weight, batch_size)
     preprocess = pipeline.preprocessor_of(model.base_model)
     if preprocess is not None:
