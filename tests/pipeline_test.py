@@ -121,7 +121,8 @@ class TaskModelTest(absltest.TestCase):
     def test_unsupported_inputs_raise(self):
         private = _private(_task_model(), clip=1.0)
         generator = ((s, 1) for s in _SENTENCES)
-        with self.assertRaisesRegex(ValueError, "expected x to be"):
+        with self.assertRaisesRegex(ValueError,
+                                    "Expected x to be.*preprocess it yourself"):
             private.fit(generator, verbose=0)
         dataset = tf.data.Dataset.from_tensor_slices(
             (_SENTENCES, _LABELS)).batch(4)

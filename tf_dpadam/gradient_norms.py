@@ -20,7 +20,6 @@ like the private data (or accept that a pilot on the private data is not
 private).
 """
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -65,13 +64,6 @@ def per_example_gradient_norms(model, x, y=None, sample_weight=None,
             "per_example_gradient_norms needs the loss: compile the private"
             " model first, e.g. model.compile(optimizer=tf_dpadam.DPAdam"
             "Corrected(...), loss=...)."
-        )
-    if x is None or isinstance(x, keras.utils.PyDataset) or (
-            hasattr(x, "__next__")):
-        raise ValueError(
-            "Expected x to be NumPy arrays, lists or tensors (with y,"
-            " sample_weight and batch_size) or a tf.data.Dataset of"
-            f" batches; got {type(x).__name__}."
         )
     if batch_size is not None:
         validation.check_positive_int("batch_size", batch_size)

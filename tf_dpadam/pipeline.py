@@ -20,7 +20,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-# What `fit` and friends accept as data for a model with a preprocessor.
+# The way out for a keras-hub task model's data that tf.data cannot batch.
+_PREPROCESSOR_HINT = (
+    " A private model with a keras-hub preprocessor preprocesses its data in"
+    " tf.data: preprocess it yourself (`model.preprocessor(x, y)` in your"
+    " pipeline) and pass the token ids, or pass one of the above."
+)
+
+# What `fit` and friends accept as data for a model with a preprocessor, and
+# `per_example_gradient_norms` for any private model.
 SUPPORTED_INPUTS = (
     "NumPy arrays, lists or tensors (with `y`, `sample_weight` and"
     " `batch_size`), or a `tf.data.Dataset` of raw batches (for DP, e.g."
@@ -68,7 +76,7 @@ def _split(values, start, end):
 
 
 def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
-            argument="x"):
+            argument="x", hint=""):
     """`(x, y, sample_weight)` as a dataset of batches of raw examples.
 
     A `tf.data.Dataset` passes through unchanged (then `y`, `sample_weight`
@@ -77,8 +85,9 @@ def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
     way `keras.Model.fit` treats arrays.
 
     Raises:
-        ValueError: for inputs that cannot be preprocessed in `tf.data`
-            (Python generators, `keras.utils.PyDataset`), naming `argument`.
+        ValueError: for inputs that cannot be batched in `tf.data` (Python
+            generators, `keras.utils.PyDataset`), naming `argument`, with
+            `hint` (what the caller's user can do instead) appended.
     """
     if isinstance(x, tf.data.Dataset):
         for name, value in (("y", y), ("sample_weight", sample_weight),
@@ -93,11 +102,8 @@ def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
     if x is None or isinstance(x, keras.utils.PyDataset) or (
             hasattr(x, "__next__")):
         raise ValueError(
-            f"A private model with a keras-hub preprocessor preprocesses its"
-            f" data in tf.data; expected {argument} to be {SUPPORTED_INPUTS},"
-            f" got {type(x).__name__}. Or preprocess the data yourself"
-            " (`model.preprocessor(x, y)` in your pipeline) and pass the"
-            " token ids."
+            f"Expected {argument} to be {SUPPORTED_INPUTS}, got"
+            f" {type(x).__name__}.{hint}"
         )
     data = keras.utils.pack_x_y_sample_weight(
         _rows(x), _rows(y), _rows(sample_weight))
@@ -117,6 +123,10 @@ class PreprocessingMixin:
 
     def _preprocessor(self):
         return preprocessor_of(self.base_model)
+
+    @staticmethod
+    def _batched(*args, **kwargs):
+        return batched(*args, hint=_PREPROCESSOR_HINT, **kwargs)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1,
             sample_weight=None, validation_split=0.0, validation_data=None,
@@ -143,11 +153,11 @@ class PreprocessingMixin:
             validation_data = _split(data, cut, rows)
             x, y, sample_weight = _split(data, 0, cut)
         train = map_preprocessing(
-            batched(x, y, sample_weight, batch_size, shuffle=shuffle),
+            self._batched(x, y, sample_weight, batch_size, shuffle=shuffle),
             preprocess)
         if validation_data is not None:
             if not isinstance(validation_data, tf.data.Dataset):
-                validation_data = batched(
+                validation_data = self._batched(
                     *keras.utils.unpack_x_y_sample_weight(
                         tuple(validation_data)),
                     batch_size=kwargs.get("validation_batch_size")
@@ -168,14 +178,14 @@ class PreprocessingMixin:
             return super().evaluate(x, y, batch_size=batch_size,
                                     sample_weight=sample_weight, **kwargs)
         data = map_preprocessing(
-            batched(x, y, sample_weight, batch_size), preprocess)
+            self._batched(x, y, sample_weight, batch_size), preprocess)
         return super().evaluate(data, **kwargs)
 
     def predict(self, x, batch_size=None, **kwargs):
         preprocess = self._preprocessor()
         if preprocess is None:
             return super().predict(x, batch_size=batch_size, **kwargs)
-        data = map_preprocessing(batched(x, batch_size=batch_size),
+        data = map_preprocessing(self._batched(x, batch_size=batch_size),
                                  preprocess)
         return super().predict(data, **kwargs)
 

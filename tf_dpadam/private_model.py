@@ -314,7 +314,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         self._build_on_first_call(x)
         x, y, sample_weight, present = self._views(x, y, sample_weight)
-        # C does not change the norms.
+        # C does not change the norms. Under tf.function the clipped sum,
+        # pure and not an output, is pruned from the graph.
         _, norms, _, _ = self._sum_of_clipped_gradients(
             x, y, sample_weight, present, 1.0
         )
