@@ -119,11 +119,7 @@ def define_flags():
                       "DP-Adam's grid (default: 1e-4,1e-3,1e-2).")
     flags.DEFINE_list("learning_rates_dpadam_corrected", None,
                       "DP-AdamBC's grid (default: 1e-4,1e-3,1e-2).")
-    flags.DEFINE_integer("lr_edge_extensions", 1,
-                         "Tuning adds up to this many rates beyond an end of"
-                         " a learning-rate grid, one grid step at a time,"
-                         " while the best rate sits at that end (0: the"
-                         " grid only).")
+    shared_flags.define_lr_edge_extensions_flag()
     flags.DEFINE_list("gammas_dpadam", None,
                       "DP-Adam's gamma, outside the root (default: the "
                       "paper's, 1e-8).")
@@ -142,8 +138,6 @@ def define_flags():
         shared_flags.check_list_flag(name, shared_flags.check_gamma)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
-    shared_flags.check_flag("lr_edge_extensions",
-                            validation.check_non_negative)
     for name in ("sequence_length", "max_test_examples", "lora_rank",
                  "finetune_blocks"):
         shared_flags.check_flag(name, validation.check_positive_int)

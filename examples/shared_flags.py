@@ -233,6 +233,16 @@ def define_dp_flags(*, eval_every):
     check_flag("max_examples", validation.check_positive_int)
 
 
+def define_lr_edge_extensions_flag():
+    """--lr_edge_extensions, of the tuning programs (reproduce and study)."""
+    flags.DEFINE_integer("lr_edge_extensions", 1,
+                         "Tuning adds up to this many rates beyond an end of"
+                         " a learning-rate grid, one grid step at a time"
+                         " (snapped to the half-decade lattice), while the"
+                         " best rate sits at that end (0: the grid only).")
+    check_flag("lr_edge_extensions", validation.check_non_negative)
+
+
 def define_training_flags():
     """The flags of a binary that trains one run (None: the paper's)."""
     flags.DEFINE_enum("optimizer", "dpadam_corrected", list(common.OPTIMIZERS),

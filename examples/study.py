@@ -135,10 +135,8 @@ def define_flags():
     flags.DEFINE_integer("lr_span", 1,
                          "Grid points on each side of the centre, x sqrt(10)"
                          " apart (0: the centre only).")
-    flags.DEFINE_integer("lr_edge_extensions", 1,
-                         "Tuning adds up to this many half-decade rates"
-                         " beyond an end of a grid while the best rate sits"
-                         " at that end (0: the grid only).")
+    shared_flags.define_lr_edge_extensions_flag()
+    flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     flags.DEFINE_list("batch_sizes", None,
                       "Expected batch sizes B (default: 256,1024,4096 for"
                       " regime_map, 2048 for best_recipe).")
@@ -180,7 +178,7 @@ def define_flags():
     for name in ("epochs", "noise_multiplier", "l2_norm_clip",
                  "seconds_per_epoch"):
         shared_flags.check_flag(name, validation.check_positive)
-    for name in ("augmult", "lr_span", "lr_edge_extensions", "weight_decay"):
+    for name in ("augmult", "lr_span", "weight_decay"):
         shared_flags.check_flag(name, validation.check_non_negative)
 
 
