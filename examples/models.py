@@ -500,10 +500,23 @@ def frozen_features(frozen, x, batch_size=256):
 
     Runs `frozen` once over `x` in inference mode; returns NumPy arrays
     `{"sequence": (N, length, width) float32, "padding_mask": (N, length)}`.
+    Each batch's output goes straight into the result: `frozen.predict`
+    keeps every batch's output until it concatenates them, and the freed
+    batches stayed in the process (glibc's arenas keep chunks below its
+    mmap threshold): for SST-2 (3.3 GB of features) 3 GB more resident.
     """
-    sequence = frozen.predict(x, batch_size=batch_size, verbose=0)
-    return {FROZEN_SEQUENCE: np.asarray(sequence, np.float32),
-            "padding_mask": np.asarray(x["padding_mask"])}
+    x = {name: np.asarray(values) for name, values in x.items()}
+    num_examples = len(x["padding_mask"])
+    sequence = None
+    for start in range(0, num_examples, batch_size):
+        batch = {name: values[start:start + batch_size]
+                 for name, values in x.items()}
+        output = np.asarray(frozen.predict_on_batch(batch))
+        if sequence is None:
+            sequence = np.empty((num_examples,) + output.shape[1:],
+                                np.float32)
+        sequence[start:start + len(output)] = output
+    return {FROZEN_SEQUENCE: sequence, "padding_mask": x["padding_mask"]}
 
 
 def reapply_frozen(model):

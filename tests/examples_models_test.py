@@ -339,6 +339,17 @@ class TinyBertClassifierTest(parameterized.TestCase):
         self.assertEqual([id(v) for v in top.trainable_weights],
                          [id(v) for v in model.trainable_weights])
 
+    def test_frozen_features_in_batches(self):
+        # Batches of 3 over 4 sentences: a full batch and a ragged one.
+        _, model, preprocessor = self.make(1)
+        x = datasets.preprocess(preprocessor, SENTENCES)
+        frozen, _ = models.split_text_classifier(model)
+        features = models.frozen_features(frozen, x, batch_size=3)
+        np.testing.assert_allclose(features["sequence"],
+                                   frozen(x, training=False), atol=1e-6)
+        np.testing.assert_array_equal(features["padding_mask"],
+                                      x["padding_mask"])
+
     def test_private_top_trains_the_models_weights(self):
         _, model, preprocessor = self.make()
         x = datasets.preprocess(preprocessor, SENTENCES)
