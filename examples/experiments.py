@@ -2,8 +2,8 @@
 
 `examples.reproduce` tunes each optimizer over a grid of `runs.Setting`s at
 the first seed and reruns the best setting of each with every seed. A `Plan`
-holds all that decides those runs; `execute_run` trains (or reads back) one of
-them in `<runs_dir>/<runs.run_name(setting, seed)>`, `collect` reads back the
+holds all that decides those runs; `execute_runs` trains (or reads back) them,
+each in `<runs_dir>/<runs.run_name(setting, seed)>`, `collect` reads back the
 finished ones and `best_of_tuning` picks each optimizer's best setting.
 `make_train_fn` is the training of one run, by the binary of its task.
 """
@@ -159,11 +159,14 @@ def planned_config(plan, setting, seed):
     return runs.run_config(plan.base, setting, seed, model_dir)
 
 
-def execute_run(plan, setting, seed, train_fn, command, machine):
-    """Reads back the run of (setting, seed), or trains (or resumes) it."""
-    config = planned_config(plan, setting, seed)
-    return runs.execute(config.model_dir, config, data=plan.data,
-                        train_fn=train_fn, command=command, machine=machine)
+def execute_runs(plan, pairs, train_fn, command, machine):
+    """Reads back the run of each (setting, seed) in `pairs`, or trains (or
+    resumes) it, those that other processes are training last
+    (`runs.execute_all`)."""
+    configs = [planned_config(plan, setting, seed) for setting, seed in pairs]
+    return runs.execute_all([(c.model_dir, c) for c in configs],
+                            data=plan.data, train_fn=train_fn,
+                            command=command, machine=machine)
 
 
 def load_run(plan, setting, seed):
@@ -349,10 +352,9 @@ def run_phase(plan, train_fn, phase, *, command, machine):
                     for s in grid if s not in done]
             if not todo:
                 break
-            for setting in todo:
-                execute_run(plan, setting, plan.tune_seed, train_fn, command,
-                            machine)
-                done.add(setting)
+            execute_runs(plan, [(s, plan.tune_seed) for s in todo],
+                         train_fn, command, machine)
+            done.update(todo)
     if phase in ("seeds", "all"):
         # The grids as tuning extended them, read from disk once.
         extended = extended_plan(plan)
@@ -364,9 +366,10 @@ def run_phase(plan, train_fn, phase, *, command, machine):
             raise ValueError(f"Tuning is not finished ({len(missing)} runs "
                              f"missing, e.g. {missing[0]}): run "
                              "--phase=tune first.")
-        for setting in best_of_tuning(extended, records).values():
-            for seed in plan.seeds:
-                execute_run(plan, setting, seed, train_fn, command, machine)
+        execute_runs(plan, [(setting, seed) for setting in
+                            best_of_tuning(extended, records).values()
+                            for seed in plan.seeds],
+                     train_fn, command, machine)
     if phase == "ceiling" or (phase == "all"
                               and plan.ceiling_learning_rate is not None):
         run_ceiling(plan, train_fn, command=command, machine=machine)

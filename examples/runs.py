@@ -7,9 +7,18 @@ machine, "done") and on a second call reads the finished run back instead of
 retraining it; an interrupted run resumes from its checkpoint. A folder that
 holds a run of other hyperparameters or other data is refused
 (`check_run_dir`) rather than mixed in.
+
+Several processes can work through the same runs (e.g. the same
+`examples.reproduce` command started twice on a machine with cores to
+spare): a process trains a run only while it holds the run's lock (`LOCK`,
+an advisory `flock`, released by the system if the process dies), and
+`execute_all` trains the runs nobody holds first, then waits for the others
+and reads them back.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -24,6 +33,8 @@ SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
 # checkpoint (`training.ElapsedTime`), so that a resumed run's wall time
 # includes the sessions before.
 ELAPSED = "elapsed.json"
+# Held (flock) by the process that trains the run.
+LOCK = "run.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +124,15 @@ def read_json(path):
         return json.load(f)
 
 
+def write_json(path, value):
+    """Writes `value` to `path` as JSON, whole or not at all: another
+    process reading the run (`read_json`) never sees half a file."""
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(partial, path)
+
+
 def check_run_dir(model_dir, config, data):
     """Raises if `model_dir` holds a run of other hyperparameters or data."""
     wanted = comparable_config(config)
@@ -200,7 +220,29 @@ def seconds_spent(model_dir):
     return 0.0 if found is None else float(found["wall_seconds"])
 
 
-def execute(model_dir, config, *, data, train_fn, command, machine):
+@contextlib.contextmanager
+def _run_lock(model_dir, wait):
+    """Holds `model_dir`'s lock; yields False (at once) if another process
+    holds it and not `wait`, else True once this process holds it."""
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, LOCK), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            logging.info("%s: another process is training it; waiting",
+                         os.path.basename(os.path.normpath(model_dir)))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def execute(model_dir, config, *, data, train_fn, command, machine,
+            wait=True):
     """Reads back the run in `model_dir`, or trains (or resumes) it.
 
     Args:
@@ -210,22 +252,48 @@ def execute(model_dir, config, *, data, train_fn, command, machine):
             data is refused).
         train_fn: config -> results; called only if the run is not finished.
         command, machine: saved with the run, for the reports.
+        wait: while another process trains the run (holds its `LOCK`):
+            True: wait for it, then read the run back (or resume it, if
+            that process died first); False: return None at once.
 
     Returns:
-        The finished `Record`.
+        The finished `Record` (None only if not `wait` and the run is
+        another process's).
     """
     record = load_record(model_dir, config, data)
     if record is not None:
         logging.info("%s: finished before, accuracy %.4f", record.name,
                      record.accuracy)
         return record
-    os.makedirs(model_dir, exist_ok=True)
+    with _run_lock(model_dir, wait) as held:
+        if not held:
+            logging.info("%s: another process is training it; later",
+                         os.path.basename(os.path.normpath(model_dir)))
+            return None
+        return load_record(model_dir, config, data) or _train(
+            model_dir, config, data=data, train_fn=train_fn,
+            command=command, machine=machine)
+
+
+def execute_all(jobs, *, data, train_fn, command, machine):
+    """`execute` of every `(model_dir, config)` in `jobs`, the runs other
+    processes hold last (waiting for them); their `Record`s, in order."""
+    records = [execute(model_dir, config, data=data, train_fn=train_fn,
+                       command=command, machine=machine, wait=False)
+               for model_dir, config in jobs]
+    return [record or execute(model_dir, config, data=data,
+                              train_fn=train_fn, command=command,
+                              machine=machine)
+            for record, (model_dir, config) in zip(records, jobs)]
+
+
+def _train(model_dir, config, *, data, train_fn, command, machine):
+    """Trains (or resumes) the run in `model_dir`; its `Record`."""
     sidecar = os.path.join(model_dir, SIDECAR)
     resumed = os.path.exists(os.path.join(model_dir, "checkpoint.keras"))
     state = {"config": comparable_config(config), "data": data,
              "status": "running", "resumed": resumed}
-    with open(sidecar, "w") as f:
-        json.dump(state, f, indent=1)
+    write_json(sidecar, state)
     logging.info("%s: training%s", os.path.basename(model_dir),
                  " (resuming)" if resumed else "")
     # This session's time, and the training time of the sessions before.
@@ -233,8 +301,7 @@ def execute(model_dir, config, *, data, train_fn, command, machine):
     train_fn(config)
     state.update(status="done", wall_seconds=time.time() - start,
                  command=command, machine=machine)
-    with open(sidecar, "w") as f:
-        json.dump(state, f, indent=1)
+    write_json(sidecar, state)
     import keras  # Frees the finished run's graphs before the next one.
 
     keras.backend.clear_session()

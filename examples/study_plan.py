@@ -400,12 +400,14 @@ def collect(plan):
     return records
 
 
-def execute(plan, run, train_fn, *, command, machine):
-    """Reads back `run`, or trains (or resumes) it; its `StudyRecord`."""
-    config = planned_config(plan, run)
-    runs.execute(config.model_dir, config, data=plan.data, train_fn=train_fn,
-                 command=command, machine=machine)
-    return load(plan, run)
+def execute(plan, run_list, train_fn, *, command, machine):
+    """Reads back each of `run_list`, or trains (or resumes) it, those that
+    other processes are training last (`runs.execute_all`); run ->
+    `StudyRecord`."""
+    configs = [planned_config(plan, run) for run in run_list]
+    runs.execute_all([(c.model_dir, c) for c in configs], data=plan.data,
+                     train_fn=train_fn, command=command, machine=machine)
+    return {run: load(plan, run) for run in run_list}
 
 
 def run_phase(plan, train_fn, phase, *, command, machine):
@@ -417,23 +419,21 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         raise ValueError(f"Unknown phase {phase!r}.")
     records = collect(plan)  # A mismatched folder fails before training.
     if phase in ("tune", "all"):
-        for run in tuning_runs(plan):
-            records[run] = execute(plan, run, train_fn, command=command,
-                                   machine=machine)
+        records.update(execute(plan, tuning_runs(plan), train_fn,
+                               command=command, machine=machine))
         for key in plan.grids:
             while (lr := next_edge_rate(plan, records, key)) is not None:
-                run = Run(*key, lr, plan.tune_seed)
-                records[run] = execute(plan, run, train_fn, command=command,
-                                       machine=machine)
+                records.update(execute(plan, [Run(*key, lr, plan.tune_seed)],
+                                       train_fn, command=command,
+                                       machine=machine))
     if phase in ("seeds", "all"):
         missing = [r.folder for r in tuning_runs(plan) if r not in records]
         if missing:
             raise ValueError(f"Tuning is not finished ({len(missing)} runs"
                              f" missing, e.g. {missing[0]}): run"
                              " --phase=tune first.")
-        for run in seed_runs(plan, records):
-            records[run] = execute(plan, run, train_fn, command=command,
-                                   machine=machine)
+        records.update(execute(plan, seed_runs(plan, records), train_fn,
+                               command=command, machine=machine))
     return records
 
 

@@ -186,8 +186,7 @@ class ElapsedTime(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.path is not None:
-            with open(self.path, "w") as f:
-                json.dump({"wall_seconds": self.seconds()}, f)
+            runs.write_json(self.path, {"wall_seconds": self.seconds()})
 
 
 class AveragedEvaluation(keras.callbacks.Callback):
@@ -287,8 +286,7 @@ def _write_metrics(model_dir, results, rows):
             old_rows = json.load(f).get("history", [])
         first = (rows or [{"step": 1e18}])[0]["step"]
         results["history"] = [r for r in old_rows if r["step"] < first] + rows
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    runs.write_json(path, results)
 
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,

@@ -4,6 +4,8 @@
 import dataclasses
 import math
 import os
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
@@ -116,6 +118,41 @@ class GridTest(absltest.TestCase):
             experiments.make_train_fn("fashion_mnist", max_test_examples=5)
         with self.assertRaisesRegex(ValueError, "Unknown task"):
             experiments.make_train_fn("mnist")
+
+
+class SharedStudyTest(absltest.TestCase):
+
+    def test_two_processes_share_the_runs(self):
+        # The same study started twice: each run is trained once, by one of
+        # them, and both finish with every run.
+        runs_dir = os.path.join(tempfile.mkdtemp(), "runs")
+        os.makedirs(runs_dir)
+        script = os.path.join(os.path.dirname(__file__),
+                              "shared_runs_check.py")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        children = [subprocess.Popen(
+            [sys.executable, script, runs_dir, name], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env) for name in ("first", "second")]
+        for child in children:
+            self.addCleanup(child.kill)
+            self.assertEqual(child.stdout.readline().strip(), "ready")
+        for child in children:  # Go.
+            child.stdin.write("\n")
+            child.stdin.flush()
+        for child in children:
+            _, stderr = child.communicate(timeout=120)
+            self.assertEqual(child.returncode, 0, stderr)
+        with open(os.path.join(runs_dir, "trained.log")) as log:
+            trained = [line.split() for line in log]
+        folders = [folder for _, folder in trained]
+        plan = helpers.recorded_plan(runs_dir)
+        self.assertLen(experiments.collect(plan), 9)  # 6 tuning, 3 seeds
+        self.assertCountEqual(folders, set(folders))  # each once
+        self.assertLen(folders, 9)
+        self.assertEqual({name for name, _ in trained}, {"first", "second"})
 
 
 class RecordedRunsTest(absltest.TestCase):

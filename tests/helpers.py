@@ -5,7 +5,6 @@ clipping; the examples' recorded runs; a hand-made diagnostics snapshot.
 """
 
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -16,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from examples import common
+from examples import runs
 from examples import experiments
 import tf_dpadam
 from tf_dpadam import dp_math
@@ -220,8 +220,9 @@ def fake_train_fn(accuracy, calls=None):
                         {"step": 4, "val_accuracy": value}],
         }
         os.makedirs(config.model_dir, exist_ok=True)
-        with open(os.path.join(config.model_dir, "metrics.json"), "w") as f:
-            json.dump(results, f)
+        # Whole or not at all, as training writes it.
+        runs.write_json(os.path.join(config.model_dir, "metrics.json"),
+                        results)
         return results
     return train_fn
 

@@ -2,9 +2,11 @@
 refused when it holds another run; on recorded runs and a fake training."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import tempfile
+import threading
 
 from absl.testing import absltest
 
@@ -149,6 +151,75 @@ class RunFolderTest(absltest.TestCase):
         info = runs.machine_info()
         for key in ("platform", "cpu_count", "python", "tensorflow", "keras"):
             self.assertIn(key, info)
+
+
+class SharedRunsTest(absltest.TestCase):
+    """Two processes on one study: a run another process holds (its LOCK,
+    here held through a file description of its own, as flock treats one
+    of another process) is left to it, then waited for."""
+
+    def setUp(self):
+        super().setUp()
+        root = tempfile.mkdtemp()
+        self.held = _config(os.path.join(root, "held"))
+        self.free = _config(os.path.join(root, "free"), seed=1)
+        os.makedirs(self.held.model_dir)
+        self.lock = open(os.path.join(self.held.model_dir, runs.LOCK), "a")
+        self.addCleanup(self.lock.close)
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        self.calls = []
+        self.kwargs = dict(data=_DATA, command="x", machine={})
+
+    def _the_other_process(self, started, finishes):
+        """Once `started` is set: finishes the held run (its metrics and a
+        "done" sidecar, as `runs.execute` writes them) if `finishes`, else
+        dies; either way its lock goes. Without `started` in 10 s (this
+        process waits for the held run first), it gives up (`self.late`)."""
+        self.late = not started.wait(timeout=10)
+        if finishes:
+            helpers.fake_train_fn(lambda c: 0.25)(self.held)
+            runs.write_json(
+                os.path.join(self.held.model_dir, runs.SIDECAR),
+                {"config": runs.comparable_config(self.held), "data": _DATA,
+                 "status": "done"})
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+    def _execute_all(self, finishes):
+        started = threading.Event()
+        train = helpers.fake_train_fn(lambda c: 0.5, self.calls)
+
+        def train_fn(config):
+            started.set()  # This process trains the free run meanwhile.
+            return train(config)
+
+        other = threading.Thread(target=self._the_other_process,
+                                 args=(started, finishes))
+        other.start()
+        self.addCleanup(other.join)
+        records = runs.execute_all(
+            [(c.model_dir, c) for c in (self.held, self.free)],
+            train_fn=train_fn, **self.kwargs)
+        self.assertFalse(self.late)
+        return records
+
+    def test_a_held_run_is_skipped_without_waiting(self):
+        self.assertIsNone(runs.execute(
+            self.held.model_dir, self.held, wait=False,
+            train_fn=helpers.fake_train_fn(lambda c: 0.5, self.calls),
+            **self.kwargs))
+        self.assertEmpty(self.calls)
+
+    def test_the_free_run_first_then_the_held_one_read_back(self):
+        held, free = self._execute_all(finishes=True)
+        self.assertEqual([c.model_dir for c in self.calls],
+                         [self.free.model_dir])
+        self.assertEqual((held.accuracy, free.accuracy), (0.25, 0.5))
+
+    def test_a_run_whose_process_died_is_trained_here(self):
+        held, free = self._execute_all(finishes=False)
+        self.assertEqual([c.model_dir for c in self.calls],
+                         [self.free.model_dir, self.held.model_dir])
+        self.assertEqual((held.accuracy, free.accuracy), (0.5, 0.5))
 
 
 if __name__ == "__main__":
