@@ -178,7 +178,9 @@ def render(summaries, plot_file):
             " of wall time.",
         ]
     lines += ["", f"Total wall time of these runs: {total / 3600:.2f} h "
-              "(each run's last session; the machine was shared).", ""]
+              "(a resumed run counts its earlier sessions too, except runs"
+              " resumed before `elapsed.json` existed, 2026-11-24; the"
+              " machine was shared).", ""]
     return "\n".join(lines)
 
 
