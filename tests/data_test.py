@@ -308,6 +308,25 @@ class SamplingSeedTest(absltest.TestCase):
                                 steps_per_epoch=3, seed=8)
         self.assertNotEqual(_sampled(other.dataset), first)
 
+    def test_the_same_batches_inside_a_distribution_scope(self):
+        # The arrays are held in host variables, but inside a strategy's
+        # scope in constants (a variable would be mirrored on every device).
+        x, y = _indexed_data(200)
+        kwargs = dict(expected_batch_size=20, steps_per_epoch=3, seed=7)
+        made = []
+
+        def recording(next_creator, **variable):
+            made.append(variable.get("name"))
+            return next_creator(**variable)
+
+        with tf.variable_creator_scope(recording):
+            outside = _seeded_batches(self, (x, y), **kwargs)
+            self.assertLen(made, 3)  # x, y and the weights
+            with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+                inside = _seeded_batches(self, (x, y), **kwargs)
+            self.assertLen(made, 3)
+        self.assertEqual(_sampled(inside.dataset), _sampled(outside.dataset))
+
     def test_a_resumed_run_does_not_replay_its_batches(self):
         # A run resumed in a new process at step t passes first_step=t:
         # with the same explicit seed, its batches are new (not the first
