@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import keras
 import numpy as np
@@ -327,6 +328,18 @@ class SamplingSeedTest(absltest.TestCase):
             self.assertLen(made, 3)
         self.assertEqual(_sampled(inside.dataset), _sampled(outside.dataset))
 
+    def test_arrays_copied_in_blocks_give_the_same_batches(self):
+        x, y = _indexed_data(200)
+        kwargs = dict(expected_batch_size=20, steps_per_epoch=3, seed=7)
+        whole = _seeded_batches(self, (x, y), **kwargs)
+        with mock.patch.object(dp_data, "_BLOCK_BYTES", 100):
+            blocks = _seeded_batches(self, (x, y), **kwargs)
+        pairs = list(zip(whole.dataset, blocks.dataset))
+        self.assertLen(pairs, 3)
+        for expected, found in pairs:  # x, y and weights, row by row
+            for a, b in zip(expected, found):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+
     def test_a_resumed_run_does_not_replay_its_batches(self):
         # A run resumed in a new process at step t passes first_step=t:
         # with the same explicit seed, its batches are new (not the first
@@ -409,15 +422,15 @@ class HeldDataMemoryTest(absltest.TestCase):
         self.assertGreater(sum(result["sums"]), 0)
         for total in result["sums"]:
             self.assertEqual(total % result["width"], 0)
-        # Measured on 400 MB: the constants held 2.0x the array after the
-        # batches and peaked at 3.0x (a transient copy while iterating); the
-        # host variable holds 1.0x and peaks at 2.0x (a transient copy while
-        # it is made). Allowed: 1.3x and 2.5x.
+        # Measured on 400 MB: the constants held 2.0-2.2x the array after
+        # the batches and peaked at 3.0x; `tf.Variable(array)` held 1.1x and
+        # peaked at 2.0x (a transient copy while it is made); copied in row
+        # blocks, 1.3x and 1.4x. Allowed: 1.5x and 1.7x.
         held = result["after"] - result["before"]
         peak = result["peak"] - result["before"]
-        self.assertLess(held, 1.3 * result["array_bytes"])
+        self.assertLess(held, 1.5 * result["array_bytes"])
         self.assertGreater(held, 0.9 * result["array_bytes"])
-        self.assertLess(peak, 2.5 * result["array_bytes"])
+        self.assertLess(peak, 1.7 * result["array_bytes"])
 
 if __name__ == "__main__":
     absltest.main()

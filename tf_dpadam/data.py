@@ -314,20 +314,38 @@ def _pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
     )
 
 
+# Arrays larger than this are copied into their variable in row blocks of
+# about this size.
+_BLOCK_BYTES = 64 * 2**20
+
+
 def _held_on_host(array):
     """`array` as a tensor the pipeline gathers from, in one copy.
 
     A variable on the host. The pipeline holding `tf.constant(array)` kept
     2.2x the array in resident memory (tests/data_test.py, 400 MB), which
     with the caller's array took a run on SST-2's cached features (3.3 GB)
-    to 14 GB; a variable keeps 1.1x, after a transient copy while it is
-    made. Inside a `tf.distribute` scope a variable would be mirrored onto
-    every device, so there the array stays a constant.
+    to 14 GB. `tf.Variable(array)` keeps 1.0x but peaks at 2.0x while it is
+    made (a transient tensor of the whole array), and two SST-2 processes
+    starting runs at once were OOM-killed; a large array is therefore copied
+    into a zero variable in row blocks (peak 1.1x). Inside a
+    `tf.distribute` scope a variable would be mirrored onto every device,
+    so there the array stays a constant.
     """
     if tf.distribute.has_strategy():
         return tf.constant(array)
     with tf.init_scope(), tf.device("/CPU:0"):
-        return tf.Variable(array, trainable=False)
+        if array.ndim == 0 or array.nbytes <= _BLOCK_BYTES:
+            return tf.Variable(array, trainable=False)
+        dtype = tf.as_dtype(array.dtype)
+        held = tf.Variable(lambda: tf.zeros(array.shape, dtype),
+                           trainable=False)
+        rows = max(1, _BLOCK_BYTES * len(array) // array.nbytes)
+        for start in range(0, len(array), rows):
+            end = min(start + rows, len(array))
+            held.scatter_update(tf.IndexedSlices(
+                tf.constant(array[start:end], dtype), tf.range(start, end)))
+        return held
 
 
 def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
