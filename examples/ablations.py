@@ -179,7 +179,7 @@ def run_ablations(names, *, base, sweeps, seed, spread_seeds, runs_dir, data,
         configs = [ablation_sweeps.arm_config(arm, seed=s, base=base,
                                               runs_dir=runs_dir)
                    for arm, s in todo]
-        runs.execute_all([(c.model_dir, c) for c in configs], data=data,
+        runs.execute_all(configs, data=data,
                          train_fn=train_fn, command=command, machine=machine)
     return ablations_report.write_report(
         ablations=ablations, base=base, sweeps=sweeps, seed=seed,

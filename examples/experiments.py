@@ -163,8 +163,8 @@ def execute_runs(plan, pairs, train_fn, command, machine):
     """Reads back the run of each (setting, seed) in `pairs`, or trains (or
     resumes) it, those that other processes are training last
     (`runs.execute_all`)."""
-    configs = [planned_config(plan, setting, seed) for setting, seed in pairs]
-    return runs.execute_all([(c.model_dir, c) for c in configs],
+    return runs.execute_all([planned_config(plan, setting, seed)
+                             for setting, seed in pairs],
                             data=plan.data, train_fn=train_fn,
                             command=command, machine=machine)
 

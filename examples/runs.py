@@ -276,16 +276,16 @@ def execute(model_dir, config, *, data, train_fn, command, machine,
             command=command, machine=machine)
 
 
-def execute_all(jobs, *, data, train_fn, command, machine):
-    """`execute` of every `(model_dir, config)` in `jobs`, the runs other
-    processes hold last (waiting for them); their `Record`s, in order."""
-    records = [execute(model_dir, config, data=data, train_fn=train_fn,
+def execute_all(configs, *, data, train_fn, command, machine):
+    """`execute` of every config in `configs` (each in its `model_dir`),
+    the runs other processes hold last (waiting for them); their `Record`s,
+    in order."""
+    records = [execute(c.model_dir, c, data=data, train_fn=train_fn,
                        command=command, machine=machine, wait=False)
-               for model_dir, config in jobs]
-    return [record or execute(model_dir, config, data=data,
-                              train_fn=train_fn, command=command,
-                              machine=machine)
-            for record, (model_dir, config) in zip(records, jobs)]
+               for c in configs]
+    return [record or execute(c.model_dir, c, data=data, train_fn=train_fn,
+                              command=command, machine=machine)
+            for record, c in zip(records, configs)]
 
 
 def _train(model_dir, config, *, data, train_fn, command, machine):

@@ -404,9 +404,9 @@ def execute(plan, run_list, train_fn, *, command, machine):
     """Reads back each of `run_list`, or trains (or resumes) it, those that
     other processes are training last (`runs.execute_all`); run ->
     `StudyRecord`."""
-    configs = [planned_config(plan, run) for run in run_list]
-    runs.execute_all([(c.model_dir, c) for c in configs], data=plan.data,
-                     train_fn=train_fn, command=command, machine=machine)
+    runs.execute_all([planned_config(plan, run) for run in run_list],
+                     data=plan.data, train_fn=train_fn, command=command,
+                     machine=machine)
     return {run: load(plan, run) for run in run_list}
 
 

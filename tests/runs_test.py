@@ -197,7 +197,7 @@ class SharedRunsTest(absltest.TestCase):
         other.start()
         self.addCleanup(other.join)
         records = runs.execute_all(
-            [(c.model_dir, c) for c in (self.held, self.free)],
+            [self.held, self.free],
             train_fn=train_fn, **self.kwargs)
         self.assertFalse(self.late)
         return records
