@@ -76,6 +76,12 @@ def run_name(setting, seed):
     return f"{name}_seed{seed}"
 
 
+def folder_name(model_dir):
+    """The last part of `model_dir` (a run's name in the logs and records),
+    with or without a trailing separator."""
+    return os.path.basename(os.path.normpath(model_dir))
+
+
 def run_config(base, setting, seed, model_dir):
     """The `TrainConfig` of one run.
 
@@ -181,7 +187,7 @@ def load_record(model_dir, config, data):
                     for r in metrics.get("history", [])
                     if "val_accuracy" in r)
     return Record(
-        name=os.path.basename(os.path.normpath(model_dir)),
+        name=folder_name(model_dir),
         setting=Setting(config.optimizer, config.learning_rate,
                         config.epsilon),
         seed=config.seed,
@@ -234,7 +240,7 @@ def _run_lock(model_dir, wait):
                 yield False
                 return
             logging.info("%s: another process is training it; waiting",
-                         os.path.basename(os.path.normpath(model_dir)))
+                         folder_name(model_dir))
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield True
@@ -269,7 +275,7 @@ def execute(model_dir, config, *, data, train_fn, command, machine,
     with _run_lock(model_dir, wait) as held:
         if not held:
             logging.info("%s: another process is training it; later",
-                         os.path.basename(os.path.normpath(model_dir)))
+                         folder_name(model_dir))
             return None
         return load_record(model_dir, config, data) or _train(
             model_dir, config, data=data, train_fn=train_fn,
@@ -295,7 +301,7 @@ def _train(model_dir, config, *, data, train_fn, command, machine):
     state = {"config": comparable_config(config), "data": data,
              "status": "running", "resumed": resumed}
     write_json(sidecar, state)
-    logging.info("%s: training%s", os.path.basename(model_dir),
+    logging.info("%s: training%s", folder_name(model_dir),
                  " (resuming)" if resumed else "")
     # This session's time, and the training time of the sessions before.
     start = time.time() - (seconds_spent(model_dir) if resumed else 0.0)
