@@ -379,6 +379,16 @@ def next_edge_rate(plan, records, key):
     return None if lr * config.weight_decay >= 1 else lr
 
 
+def tuning_round(plan, records):
+    """The tuning runs not in `records`: the grids' and the next edge rate
+    of each finished grid (`next_edge_rate`). A grid's edge does not wait
+    for the other grids: a second process trains it while the first
+    finishes them."""
+    todo = [run for run in tuning_runs(plan) if run not in records]
+    return todo + [Run(*key, lr, plan.tune_seed) for key in plan.grids
+                   if (lr := next_edge_rate(plan, records, key)) is not None]
+
+
 def seed_runs(plan, records):
     """The runs of the seeds phase: each best learning rate, every seed."""
     return [Run(cell, variant, lr, seed)
@@ -419,13 +429,9 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         raise ValueError(f"Unknown phase {phase!r}.")
     records = collect(plan)  # A mismatched folder fails before training.
     if phase in ("tune", "all"):
-        records.update(execute(plan, tuning_runs(plan), train_fn,
-                               command=command, machine=machine))
-        for key in plan.grids:
-            while (lr := next_edge_rate(plan, records, key)) is not None:
-                records.update(execute(plan, [Run(*key, lr, plan.tune_seed)],
-                                       train_fn, command=command,
-                                       machine=machine))
+        while todo := tuning_round(plan, records):
+            records.update(execute(plan, todo, train_fn, command=command,
+                                   machine=machine))
     if phase in ("seeds", "all"):
         missing = [r.folder for r in tuning_runs(plan) if r not in records]
         if missing:

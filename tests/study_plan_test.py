@@ -197,10 +197,11 @@ class PhasesTest(absltest.TestCase):
         train_fn = helpers.fake_train_fn(accuracy, calls)
         records = study_plan.run_phase(plan, train_fn, "tune", command="c",
                                        machine={})
+        # One edge rate per grid and round, after the grids.
         self.assertEqual(
             [(c.optimizer, c.learning_rate) for c in calls][6:],
-            [("dpadam", peak), ("dpadam", step(max(adam_grid), 2)),
-             ("dpadam_corrected", step(min(bc_grid), -1)),
+            [("dpadam", peak), ("dpadam_corrected", step(min(bc_grid), -1)),
+             ("dpadam", step(max(adam_grid), 2)),
              ("dpadam_corrected", step(min(bc_grid), -2))])
         best = study_plan.best_learning_rates(plan, records)
         self.assertEqual(best, {
@@ -226,6 +227,34 @@ class PhasesTest(absltest.TestCase):
             plan, edge_extensions=0)), 6)
         self.assertEqual(step(0.01, 1), 0.0316)
         self.assertEqual(step(0.00316, -3), 0.0001)
+
+    def test_a_finished_grid_goes_past_its_end_while_another_is_unfinished(
+            self):
+        # What a second process trains while the first holds a grid's run.
+        plan = _plan(tempfile.mkdtemp(), cells=_cells((16,)),
+                     edge_extensions=1)
+        adam = ("eps3_B16", "dpadam")
+        bc = ("eps3_B16", "dpadam_corrected")
+        train_fn = helpers.fake_train_fn(
+            lambda config: 0.5 + config.learning_rate)  # Best at the top.
+        unfinished = study_plan.Run(*bc, max(plan.grids[bc]), plan.tune_seed)
+        runs = [r for r in study_plan.tuning_runs(plan) if r != unfinished]
+        records = study_plan.execute(plan, runs, train_fn, command="c",
+                                     machine={})
+        edge = study_plan.Run(
+            *adam, study_plan.half_decade_step(max(plan.grids[adam]), 1),
+            plan.tune_seed)
+        self.assertEqual(study_plan.tuning_round(plan, records),
+                         [unfinished, edge])
+        records.update(study_plan.execute(plan, [unfinished, edge], train_fn,
+                                          command="c", machine={}))
+        bc_edge = study_plan.Run(
+            *bc, study_plan.half_decade_step(max(plan.grids[bc]), 1),
+            plan.tune_seed)
+        self.assertEqual(study_plan.tuning_round(plan, records), [bc_edge])
+        records.update(study_plan.execute(plan, [bc_edge], train_fn,
+                                          command="c", machine={}))
+        self.assertEqual(study_plan.tuning_round(plan, records), [])
 
     def test_a_folder_of_other_settings_is_refused(self):
         runs_dir = tempfile.mkdtemp()
