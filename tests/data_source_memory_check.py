@@ -26,11 +26,11 @@ import tensorflow as tf
 from array_record.python import array_record_data_source
 
 from tf_dpadam import data as dp_data
+from tf_dpadam import data_source
+from tf_dpadam import sampling
 
 _BLOCK = 1000
 # The sampler's public nonces and per-step generators, to recompute the draws.
-_step_nonces = dp_data._step_nonces  # pylint: disable=protected-access
-_step_generator = dp_data._step_generator  # pylint: disable=protected-access
 
 
 def _status(field):
@@ -80,7 +80,7 @@ def main(argv):
     sizes, mismatched_steps, bad_records = [], 0, 0
     sampled_rss = before
     # A fresh nonce stream starts where the pipeline's first pass does.
-    nonces = iter(_step_nonces().take(steps))
+    nonces = iter(sampling.step_nonces().take(steps))
     step = []
     for bx, by, bw in batches.dataset:
         real = bw.numpy() > 0
@@ -92,7 +92,7 @@ def main(argv):
         step = []
         drawn = dp_data.poisson_subset(
             num_examples, batches.sampling_rate,
-            _step_generator(seed, int(next(nonces))),
+            data_source.step_generator(seed, int(next(nonces))),
         )
         mismatched_steps += not np.array_equal(read, drawn)
         # Each record holds its own index: the rows are the records read.

@@ -33,10 +33,10 @@ from helpers import mlp
 from helpers import numpy_values
 from helpers import seed_everything
 from tf_dpadam import data as dp_data
+from tf_dpadam import data_source
+from tf_dpadam import sampling
 
 # The sampler's public nonces and per-step generators, to recompute the draws.
-_step_nonces = dp_data._step_nonces  # pylint: disable=protected-access
-_step_generator = dp_data._step_generator  # pylint: disable=protected-access
 
 # Tests that pass by chance fail with probability at most about 1e-6 each.
 _P_FAIL = 1e-6
@@ -111,11 +111,11 @@ def _sampled(batches):
 
 def _drawn(seed, batches, num_examples):
     """What the sampler draws for `seed` at each step of the first pass."""
-    nonces = _step_nonces().take(batches.steps_per_epoch)
+    nonces = sampling.step_nonces().take(batches.steps_per_epoch)
     return [
         tuple(dp_data.poisson_subset(
             num_examples, batches.sampling_rate,
-            _step_generator(seed, int(nonce))).tolist())
+            data_source.step_generator(seed, int(nonce))).tolist())
         for nonce in nonces
     ]
 

@@ -34,7 +34,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf_dpadam import data as data_lib
+from tf_dpadam import sampling
 from tf_dpadam import validation
 
 
@@ -148,7 +148,7 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
             f" {num_examples}."
         )
     # Validates B, b, the bound and the steps as poisson_batches does.
-    layout = data_lib._layout(  # pylint: disable=protected-access
+    layout = sampling.make_layout(
         num_examples, expected_batch_size, physical_batch_size,
         steps_per_epoch, max_overflow_probability, None,
     )
@@ -157,7 +157,7 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
     # take the same k micro-batches per logical step.
     largest = math.ceil(num_examples / num_workers)
     per_step = physical_batch_size * replicas_per_worker
-    capacity, overflow = data_lib.poisson_capacity(
+    capacity, overflow = sampling.poisson_capacity(
         largest, q * largest, per_step, max_overflow_probability
     )
     k = capacity // per_step
@@ -167,7 +167,7 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
         capacity=capacity, accumulation_steps=k * replicas_per_worker,
         overflow_probability=overflow,
     )
-    key = data_lib._resolve_key(  # pylint: disable=protected-access
+    key = sampling.resolve_key(
         seed, "sharded_poisson_batches"
     )
     x, y = data[0], data[1]
@@ -199,13 +199,13 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
             rows = tf.nest.map_structure(
                 lambda a: tf.gather(a, indices), constants
             )
-            return data_lib._pad_and_split(  # pylint: disable=protected-access
+            return sampling.pad_and_split(
                 rows, tf.size(indices), worker_layout
             )
 
         return (
             # pylint: disable-next=protected-access
-            data_lib._step_nonces(first_step)
+            sampling.step_nonces(first_step)
             .map(sample_step, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch()
             .prefetch(tf.data.AUTOTUNE)
