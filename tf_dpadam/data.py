@@ -39,7 +39,7 @@ the operating system's CSPRNG (`privatizer.secret_seed`), which no global seed
 (`keras.utils.set_random_seed`, `tf.random.set_seed`, `random.seed`,
 `np.random.seed`) fixes. Step t's mask is `stateless_uniform(seed=(key,
 nonce_t)) < q`, where the nonces are public 64-bit values, new at every step
-and every pass (`_step_nonces`). An explicit `seed=` is that key: the same
+and every pass (`sampling.step_nonces`). An explicit `seed=` is that key: the same
 seed gives the same batches, pass after pass, whatever the other seeds, and
 warns that anyone who knows it can regenerate every batch. A run resumed in a
 new process passes `first_step=` (the steps taken) so that it does not replay
