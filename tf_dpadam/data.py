@@ -39,11 +39,11 @@ the operating system's CSPRNG (`privatizer.secret_seed`), which no global seed
 (`keras.utils.set_random_seed`, `tf.random.set_seed`, `random.seed`,
 `np.random.seed`) fixes. Step t's mask is `stateless_uniform(seed=(key,
 nonce_t)) < q`, where the nonces are public 64-bit values, new at every step
-and every pass (`sampling.step_nonces`). An explicit `seed=` is that key: the same
-seed gives the same batches, pass after pass, whatever the other seeds, and
-warns that anyone who knows it can regenerate every batch. A run resumed in a
-new process passes `first_step=` (the steps taken) so that it does not replay
-the batches of its first steps.
+and every pass (`sampling.step_nonces`). An explicit `seed=` is that key:
+the same seed gives the same batches, pass after pass, whatever the other
+seeds, and warns that anyone who knows it can regenerate every batch. A run
+resumed in a new process passes `first_step=` (the steps taken) so that it
+does not replay the batches of its first steps.
 
 Datasets larger than memory: `poisson_batches_from_source` (module
 `data_source`, also importable from here) samples the same Poisson batches
