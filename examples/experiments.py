@@ -328,6 +328,29 @@ def run_ceiling(plan, train_fn, *, command, machine):
                         train_fn=train_fn, command=command, machine=machine)
 
 
+def next_round(plan, seeds=False):
+    """The (setting, seed) runs that tuning can train now: the unfinished
+    runs of the grids (with the rates `extended_plan` adds) and, if `seeds`,
+    those of the seeds phase of each optimizer whose tuning is over (every
+    rate of its grid finished, so none is left to add). With two processes
+    on a study, one trains the seeds of an optimizer while the other
+    finishes another's tuning."""
+    extended = extended_plan(plan)
+    records = collect(plan)
+
+    def missing(setting, seed):
+        return runs.run_name(setting, seed) not in records
+
+    todo = [(setting, plan.tune_seed) for grid in extended.grids.values()
+            for setting in grid if missing(setting, plan.tune_seed)]
+    if seeds:
+        best = best_of_tuning(plan, records)
+        todo += [(best[name], seed) for name, grid in extended.grids.items()
+                 if not any(missing(s, plan.tune_seed) for s in grid)
+                 for seed in plan.seeds if missing(best[name], seed)]
+    return todo
+
+
 def run_phase(plan, train_fn, phase, *, command, machine):
     """Trains (or reads back) the runs of `phase` of the plan.
 
@@ -336,7 +359,8 @@ def run_phase(plan, train_fn, phase, *, command, machine):
         train_fn: config -> results; only called for unfinished runs.
         phase: "tune" (the grids at the first seed), "seeds" (the best
             setting of each optimizer with every seed), "ceiling" (the
-            non-private run, `run_ceiling`), "all" (the three; the
+            non-private run, `run_ceiling`), "all" (the three; an
+            optimizer's seeds as soon as its tuning is over, the
             ceiling only if the plan has its learning rate) or "report"
             (nothing to train; the run folders are only checked).
         command, machine: saved with each run, for the reports.
@@ -347,13 +371,10 @@ def run_phase(plan, train_fn, phase, *, command, machine):
     collect(plan)
     if phase in ("tune", "all"):
         done = set()
-        while True:  # Each pass may add rates past a grid's end.
-            todo = [s for grid in extended_plan(plan).grids.values()
-                    for s in grid if s not in done]
-            if not todo:
-                break
-            execute_runs(plan, [(s, plan.tune_seed) for s in todo],
-                         train_fn, command, machine)
+        # Each round may add rates past a grid's end (and seeds, with "all").
+        while todo := [pair for pair in next_round(plan, phase == "all")
+                       if pair not in done]:
+            execute_runs(plan, todo, train_fn, command, machine)
             done.update(todo)
     if phase in ("seeds", "all"):
         # The grids as tuning extended them, read from disk once.

@@ -239,6 +239,27 @@ class PhasesTest(absltest.TestCase):
             experiments.extended_plan(helpers.recorded_plan(
                 plan.runs_dir)).grids, plan.grids)
 
+    def test_an_optimizers_seeds_do_not_wait_for_anothers_tuning(self):
+        plan = helpers.recorded_plan(os.path.join(tempfile.mkdtemp(), "runs"))
+        train_fn = helpers.fake_train_fn(lambda c: min(0.9, c.learning_rate))
+        kwargs = dict(command="c", machine={})
+        # Another process still trains DP-Adam's lr 1e-2.
+        held = Setting("dpadam", 1e-2, _GAMMAS["dpadam"][0])
+        tuning = experiments.next_round(plan)
+        self.assertLen(tuning, 6)
+        experiments.execute_runs(plan, [p for p in tuning if p[0] != held],
+                                 train_fn, **kwargs)
+        self.assertEqual(experiments.next_round(plan), [(held, 0)])
+        self.assertCountEqual(experiments.next_round(plan, seeds=True), [
+            (held, 0), (Setting("dpsgd", 1.0, None), 1),
+            (Setting("dpadam_corrected", 1e-2,
+                     _GAMMAS["dpadam_corrected"][0]), 1)])
+        experiments.execute_runs(plan, [(held, 0)], train_fn, **kwargs)
+        self.assertCountEqual(
+            [(s.optimizer, seed)
+             for s, seed in experiments.next_round(plan, seeds=True)],
+            [("dpsgd", 1), ("dpadam", 1), ("dpadam_corrected", 1)])
+
     def test_next_rate_continues_the_grid_ratio(self):
         self.assertEqual(experiments.next_rate((0.1, 0.316, 1.0), 1), 3.16)
         self.assertEqual(experiments.next_rate((0.1, 0.316, 1.0), -1),
