@@ -27,6 +27,7 @@ import keras
 import numpy as np
 
 from examples import common
+from examples import runs
 from examples import training
 
 FLAGS = flags.FLAGS
@@ -54,14 +55,13 @@ def main(argv):
     y = (x[:, 0] > 0).astype(np.int32)
     print(f"array {x.nbytes / 2**20:.0f} MB; resident "
           f"{resident_megabytes():.0f} MB")
+    base = common.base_config(
+        "fashion_mnist", l2_norm_clip=1.0, noise_multiplier=1.0,
+        batch_size=_BATCH, target_epsilon=0, epochs=_STEPS * _BATCH / rows,
+        eval_every=_STEPS // 2)
+    setting = runs.Setting("dpadam_corrected", 1e-3, None)
     for seed in range(FLAGS.runs):
-        config = common.TrainConfig(
-            optimizer="dpadam_corrected", l2_norm_clip=1.0,
-            noise_multiplier=1.0, batch_size=_BATCH, physical_batch_size=None,
-            learning_rate=1e-3, epsilon=None, phi=None, beta_1=0.9,
-            beta_2=0.999, momentum=0.0, target_epsilon=None, delta=1e-5,
-            epochs=_STEPS * _BATCH / rows, eval_every=_STEPS // 2,
-            model_dir=None, seed=seed, noise_seed=seed, jit_compile=False)
+        config = runs.run_config(base, setting, seed, model_dir=None)
         before = resident_megabytes()
         training.fit_private(
             lambda: keras.Sequential([keras.Input((_WIDTH,)),

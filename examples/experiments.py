@@ -335,8 +335,8 @@ def next_round(plan, seeds=False):
     rate of its grid finished, so none is left to add). With two processes
     on a study, one trains the seeds of an optimizer while the other
     finishes another's tuning."""
-    extended = extended_plan(plan)
-    records = collect(plan)
+    extended = extended_plan(plan)  # Extending it again changes nothing.
+    records = collect(extended)
 
     def missing(setting, seed):
         return runs.run_name(setting, seed) not in records
@@ -344,7 +344,7 @@ def next_round(plan, seeds=False):
     todo = [(setting, plan.tune_seed) for grid in extended.grids.values()
             for setting in grid if missing(setting, plan.tune_seed)]
     if seeds:
-        best = best_of_tuning(plan, records)
+        best = best_of_tuning(extended, records)
         todo += [(best[name], seed) for name, grid in extended.grids.items()
                  if not any(missing(s, plan.tune_seed) for s in grid)
                  for seed in plan.seeds if missing(best[name], seed)]

@@ -30,7 +30,6 @@ from tf_dpadam import data_source
 from tf_dpadam import sampling
 
 _BLOCK = 1000
-# The sampler's public nonces and per-step generators, to recompute the draws.
 
 
 def _status(field):

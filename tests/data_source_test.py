@@ -36,7 +36,6 @@ from tf_dpadam import data as dp_data
 from tf_dpadam import data_source
 from tf_dpadam import sampling
 
-# The sampler's public nonces and per-step generators, to recompute the draws.
 
 # Tests that pass by chance fail with probability at most about 1e-6 each.
 _P_FAIL = 1e-6
