@@ -9,13 +9,16 @@ array of about `--megabytes` and prints the process's resident memory
 before and after each (after `keras.backend.clear_session`, the garbage
 collector and glibc's `malloc_trim`), in MB.
 
-Measured 2026-11-24 (1,000 MB array): 1,635 before run 0, 2,811 after it
-(the pipeline's copy of the array), 3,744 after run 1, then flat (3,751,
-3,757). The second run leaves about one more copy resident, although no
-large tf.Variable is alive after the runs (gc.get_objects), and neither
-malloc_trim nor MALLOC_MMAP_THRESHOLD_=1048576 changes it: the SST-2
-studies' processes rose once from 9 to 13 GB the same way (3.3 GB of
-features). Not yet explained.
+Measured 2026-11-24 (1,000 MB array), when the pipeline held the array
+in a tf.Variable: 1,635 MB before run 0, 2,811 after it (the variable),
+3,744 after run 1, then flat (3,751, 3,757). The second run left one more
+copy resident although no large tf.Variable was alive, and neither
+malloc_trim nor MALLOC_MMAP_THRESHOLD_ changed it; with
+TF_ENABLE_ONEDNN_OPTS=0 it went away, so it was oneDNN's CPU allocator
+keeping the regions it frees. The SST-2 studies' processes rose once from
+9 to 13 GB the same way (3.3 GB of features). Since the pipeline takes the
+rows from the caller's array with NumPy (`sampling.gather_rows`): 1,763,
+1,783, 1,797, 1,810 MB after runs 0-3.
 """
 
 import ctypes

@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-from unittest import mock
 
 import keras
 import numpy as np
@@ -309,9 +308,10 @@ class SamplingSeedTest(absltest.TestCase):
                                 steps_per_epoch=3, seed=8)
         self.assertNotEqual(_sampled(other.dataset), first)
 
-    def test_the_same_batches_inside_a_distribution_scope(self):
-        # The arrays are held in host variables, but inside a strategy's
-        # scope in constants (a variable would be mirrored on every device).
+    def test_the_same_batches_inside_a_distribution_scope_and_no_variable(
+            self):
+        # The rows are taken from the caller's arrays: no variable is made
+        # (inside a strategy's scope it would be mirrored on every device).
         x, y = _indexed_data(200)
         kwargs = dict(expected_batch_size=20, steps_per_epoch=3, seed=7)
         made = []
@@ -322,23 +322,36 @@ class SamplingSeedTest(absltest.TestCase):
 
         with tf.variable_creator_scope(recording):
             outside = _seeded_batches(self, (x, y), **kwargs)
-            self.assertLen(made, 3)  # x, y and the weights
             with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
                 inside = _seeded_batches(self, (x, y), **kwargs)
-            self.assertLen(made, 3)
-        self.assertEqual(_sampled(inside.dataset), _sampled(outside.dataset))
+            self.assertEqual(_sampled(inside.dataset),
+                             _sampled(outside.dataset))
+        self.assertEmpty(made)
 
-    def test_arrays_copied_in_blocks_give_the_same_batches(self):
-        x, y = _indexed_data(200)
-        kwargs = dict(expected_batch_size=20, steps_per_epoch=3, seed=7)
-        whole = _seeded_batches(self, (x, y), **kwargs)
-        with mock.patch.object(dp_data, "_BLOCK_BYTES", 100):
-            blocks = _seeded_batches(self, (x, y), **kwargs)
-        pairs = list(zip(whole.dataset, blocks.dataset))
-        self.assertLen(pairs, 3)
-        for expected, found in pairs:  # x, y and weights, row by row
-            for a, b in zip(expected, found):
-                np.testing.assert_array_equal(a.numpy(), b.numpy())
+    def test_rows_of_every_dtype_and_structure_are_taken_as_they_are(self):
+        n = 40
+        x = {"ids": np.arange(n * 3, dtype=np.int64).reshape(n, 3),
+             "text": np.array([f"s\u00e9{i}" for i in range(n)]),
+             "raw": np.array([f"\u00e0{i}" for i in range(n)], object),
+             "flag": np.arange(n) % 2 == 0}
+        y = np.arange(n, dtype=np.float64)
+        batches = _seeded_batches(self, (x, y), expected_batch_size=10,
+                                  steps_per_epoch=3, seed=7)
+        for features, labels, weights in batches.dataset:
+            self.assertEqual(labels.dtype, tf.float64)
+            self.assertEqual(features["text"].dtype, tf.string)
+            self.assertEqual(features["ids"].shape[1:], (3,))
+            for row, weight in enumerate(weights.numpy()):
+                if weight == 0:  # padding
+                    continue
+                i = int(labels[row])
+                np.testing.assert_array_equal(features["ids"][row],
+                                              x["ids"][i])
+                self.assertEqual(features["text"][row].numpy().decode(),
+                                 x["text"][i])
+                self.assertEqual(features["raw"][row].numpy().decode(),
+                                 x["raw"][i])
+                self.assertEqual(bool(features["flag"][row]), x["flag"][i])
 
     def test_a_resumed_run_does_not_replay_its_batches(self):
         # A run resumed in a new process at step t passes first_step=t:
@@ -402,9 +415,11 @@ class SamplingSeedTest(absltest.TestCase):
 
 class HeldDataMemoryTest(absltest.TestCase):
 
-    def test_the_data_is_held_in_one_copy(self):
+    def test_pipelines_one_after_another_hold_no_copy_of_the_data(self):
         # SST-2's cached features (3.3 GB) took a fine-tuning run to 14 GB
-        # when the arrays were tf.constants. Measured in a child process.
+        # when the arrays were tf.constants, and a study process from 9 to
+        # 13 GB at a later run when they were variables. Measured in a
+        # child process: three pipelines in turn over the same array.
         script = os.path.join(os.path.dirname(__file__),
                               "poisson_memory_check.py")
         env = dict(os.environ, MALLOC_ARENA_MAX="2")
@@ -422,15 +437,15 @@ class HeldDataMemoryTest(absltest.TestCase):
         self.assertGreater(sum(result["sums"]), 0)
         for total in result["sums"]:
             self.assertEqual(total % result["width"], 0)
-        # Measured on 400 MB: the constants held 2.0-2.2x the array after
-        # the batches and peaked at 3.0x; `tf.Variable(array)` held 1.1x and
-        # peaked at 2.0x (a transient copy while it is made); copied in row
-        # blocks, 1.3x and 1.4x. Allowed: 1.5x and 1.7x.
-        held = result["after"] - result["before"]
-        peak = result["peak"] - result["before"]
-        self.assertLess(held, 1.5 * result["array_bytes"])
-        self.assertGreater(held, 0.9 * result["array_bytes"])
-        self.assertLess(peak, 1.7 * result["array_bytes"])
+        # Measured on 400 MB: with the rows taken by NumPy the pipelines
+        # held 0.045x, 0.049x and 0.050x of the array and peaked at 0.05x.
+        # A copy in variables (copied in 64 MB row blocks) held 1.28x, then
+        # 2.16x, 2.16x (oneDNN's allocator keeps the regions it frees) and
+        # peaked at 2.3x; constants held 2.0-2.2x. Allowed: 0.25x.
+        array_bytes = result["array_bytes"]
+        for after in result["after"]:
+            self.assertLess(after - result["before"], 0.25 * array_bytes)
+        self.assertLess(result["peak"] - result["before"], 0.25 * array_bytes)
 
 if __name__ == "__main__":
     absltest.main()

@@ -3,14 +3,16 @@
 Usage: poisson_memory_check.py MEGABYTES
 
 Makes a float32 array of MEGABYTES (the features of every example), then
-builds `poisson_batches` over it and takes a few batches, and prints one line
-`RESULT {json}`: the array's bytes, the resident memory with the array
-(VmRSS of /proc/self/status), after the batches (VmRSS) and its peak
-meanwhile (VmHWM), and the
-sum of a batch (to check that it holds the array's rows). A separate process,
-so that no other test's allocations blur the measurement.
+three times in turn builds `poisson_batches` over it, takes a few batches
+and lets the pipeline go, as a process training one run after another does.
+Prints one line `RESULT {json}`: the array's bytes, the resident memory with
+the array (VmRSS of /proc/self/status), after each pipeline (VmRSS) and its
+peak meanwhile (VmHWM), and the sums of the batches (to check that they hold
+the array's rows). A separate process, so that no other test's allocations
+blur the measurement.
 """
 
+import gc
 import json
 import sys
 import warnings
@@ -30,14 +32,20 @@ def main(argv):
     y = np.zeros(rows, np.int32)
     peak_reset = _reset_peak()
     before = _status("VmRSS")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the explicit seed's warning
-        batches = dp_data.poisson_batches(
-            (x, y), expected_batch_size=64, steps_per_epoch=5, seed=3)
-    sums = [float(np.sum(batch[0])) for batch in batches.dataset]
+    after, sums = [], []
+    for seed in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the explicit seed's warning
+            batches = dp_data.poisson_batches(
+                (x, y), expected_batch_size=64, steps_per_epoch=5, seed=seed)
+        sums += [float(np.sum(batch[0])) for batch in batches.dataset]
+        del batches
+        gc.collect()
+        after.append(_status("VmRSS"))
     print("RESULT " + json.dumps({
         "array_bytes": x.nbytes, "width": width, "before": before,
-        "after": _status("VmRSS"), "peak": _status("VmHWM"), "peak_reset": peak_reset, "sums": sums,
+        "after": after, "peak": _status("VmHWM"), "peak_reset": peak_reset,
+        "sums": sums,
     }))
 
 

@@ -77,49 +77,17 @@ __all__ = [
 ]
 
 
-# Arrays larger than this are copied into their variable in row blocks of
-# about this size.
-_BLOCK_BYTES = 64 * 2**20
-
-
-def _held_on_host(array):
-    """`array` as a tensor the pipeline gathers from, in one copy.
-
-    A variable on the host. The pipeline holding `tf.constant(array)` kept
-    2.2x the array in resident memory (tests/data_test.py, 400 MB), which
-    with the caller's array took a run on SST-2's cached features (3.3 GB)
-    to 14 GB. `tf.Variable(array)` keeps 1.0x but peaks at 2.0x while it is
-    made (a transient tensor of the whole array), and two SST-2 processes
-    starting runs at once were OOM-killed; a large array is therefore copied
-    into a zero variable in row blocks (peak 1.1x). Inside a
-    `tf.distribute` scope a variable would be mirrored onto every device,
-    so there the array stays a constant.
-    """
-    if tf.distribute.has_strategy():
-        return tf.constant(array)
-    with tf.init_scope(), tf.device("/CPU:0"):
-        if array.ndim == 0 or array.nbytes <= _BLOCK_BYTES:
-            return tf.Variable(array, trainable=False)
-        dtype = tf.as_dtype(array.dtype)
-        held = tf.Variable(lambda: tf.zeros(array.shape, dtype),
-                           trainable=False)
-        rows = max(1, _BLOCK_BYTES * len(array) // array.nbytes)
-        for start in range(0, len(array), rows):
-            end = min(start + rows, len(array))
-            held.scatter_update(tf.IndexedSlices(
-                tf.constant(array[start:end], dtype), tf.range(start, end)))
-        return held
-
-
 def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
                     steps_per_epoch=None, seed=None,
                     max_overflow_probability=1e-10, pad_to_multiple_of=None,
                     first_step=0):
     """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
 
-    The whole dataset is held in memory and each step draws a Bernoulli(q)
-    mask over its N examples; for datasets larger than memory see
-    `poisson_batches_from_source`.
+    The whole dataset is in memory and each step draws a Bernoulli(q) mask
+    over its N examples; for datasets larger than memory see
+    `poisson_batches_from_source`. The pipeline reads each step's rows from
+    the caller's arrays (`sampling.gather_rows`) and makes no copy of them,
+    so they must not change while it is used.
 
     Args:
         data: `(x, y)` or `(x, y, sample_weight)` with NumPy arrays (or nested
@@ -172,7 +140,6 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
 
     x, y = data[0], data[1]
     weight = data[2] if len(data) == 3 else np.ones(num_examples, "float32")
-    held = tf.nest.map_structure(_held_on_host, (x, y, weight))
     q = layout.sampling_rate
 
     def sample_step(nonce):
@@ -180,7 +147,7 @@ def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
         included = tf.random.stateless_uniform([num_examples],
                                                seed=seed_pair) < q
         indices = tf.cast(tf.where(included)[:, 0], tf.int32)
-        rows = tf.nest.map_structure(lambda a: tf.gather(a, indices), held)
+        rows = sampling.gather_rows((x, y, weight), indices)
         return sampling.pad_and_split(rows, tf.size(indices), layout)
 
     return sampling.pipeline(sample_step, layout, first_step=first_step)

@@ -185,9 +185,7 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
                 f" has {workers} of {local}."
             )
         shard = shard_indices(num_examples, num_workers, worker)
-        constants = tf.nest.map_structure(
-            lambda a: tf.constant(a[shard]), (x, y, weight)
-        )
+        shard_tensor = tf.constant(shard)
         own_key = worker_key(key, worker)
 
         def sample_step(nonce):
@@ -196,8 +194,8 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
                 [len(shard)], seed=seed_pair
             ) < q
             indices = tf.cast(tf.where(included)[:, 0], tf.int32)
-            rows = tf.nest.map_structure(
-                lambda a: tf.gather(a, indices), constants
+            rows = sampling.gather_rows(
+                (x, y, weight), tf.gather(shard_tensor, indices)
             )
             return sampling.pad_and_split(
                 rows, tf.size(indices), worker_layout
