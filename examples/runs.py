@@ -30,9 +30,9 @@ from absl import logging
 
 METRICS = "metrics.json"
 SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
-# The seconds a run has trained over all its sessions, rewritten at every
-# checkpoint (`training.ElapsedTime`), so that a resumed run's wall time
-# includes the sessions before.
+# The seconds a run has trained over all its sessions and its curve so far,
+# rewritten at every checkpoint (`training.RunProgress`), so that a resumed
+# run's wall time and curve include the sessions before.
 ELAPSED = "elapsed.json"
 # Held (flock) by the process that trains the run.
 LOCK = "run.lock"
@@ -220,11 +220,22 @@ def machine_info():
     return info
 
 
+def progress_before(model_dir):
+    """`(seconds, rows)`: the wall time and the evaluations of the run in
+    `model_dir` up to its checkpoint (`ELAPSED`; else, for a run that
+    predates the curve there, its finished sessions' `METRICS`)."""
+    found = read_json(os.path.join(model_dir, ELAPSED)) or {}
+    rows = found.get("history")
+    if rows is None:
+        rows = (read_json(os.path.join(model_dir, METRICS)) or {}).get(
+            "history", [])
+    return float(found.get("wall_seconds", 0.0)), rows
+
+
 def seconds_spent(model_dir):
     """The seconds the run in `model_dir` trained before (`ELAPSED`; 0 if
     it never reached a checkpoint)."""
-    found = read_json(os.path.join(model_dir, ELAPSED))
-    return 0.0 if found is None else float(found["wall_seconds"])
+    return progress_before(model_dir)[0]
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ weights, with the average in the optimizer's state.
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 import time
@@ -169,24 +168,38 @@ class StopAtStep(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-class ElapsedTime(keras.callbacks.Callback):
-    """Keeps a run's wall time across resumes: at every epoch's end (after
-    the checkpoint), writes the seconds spent so far, this session's and
-    those of the sessions before (`seconds_before`), to `path`
-    (`runs.ELAPSED` of the model_dir; None: only `seconds()`)."""
+class RunProgress(keras.callbacks.Callback):
+    """Keeps a run's wall time and curve across resumes.
 
-    def __init__(self, path, seconds_before=0.0):
+    At every epoch's end (after the checkpoint and `step_log`) writes to
+    `path` (`runs.ELAPSED` of the model_dir; None: nothing is written) the
+    seconds spent so far, this session's and those of the sessions before
+    (`seconds_before`), and the curve so far (`curve()`: the evaluations of
+    the sessions before, `rows_before`, up to this session's first, then
+    this session's). So a run killed between checkpoints and resumed loses
+    neither its time nor its earlier evaluations.
+    """
+
+    def __init__(self, path, step_log, seconds_before=0.0, rows_before=()):
         super().__init__()
         self.path = path
+        self.step_log = step_log
         self.seconds_before = seconds_before
+        self.rows_before = list(rows_before)
         self.start = time.time()
 
     def seconds(self):
         return self.seconds_before + time.time() - self.start
 
+    def curve(self):
+        rows = self.step_log.rows
+        first = rows[0]["step"] if rows else float("inf")
+        return [r for r in self.rows_before if r["step"] < first] + rows
+
     def on_epoch_end(self, epoch, logs=None):
         if self.path is not None:
-            runs.write_json(self.path, {"wall_seconds": self.seconds()})
+            runs.write_json(self.path, {"wall_seconds": self.seconds(),
+                                        "history": self.curve()})
 
 
 class AveragedEvaluation(keras.callbacks.Callback):
@@ -277,18 +290,6 @@ def _load_checkpoint(model_dir):
     return None, checkpoint
 
 
-def _write_metrics(model_dir, results, rows):
-    """Writes model_dir/metrics.json, keeping the curve of the sessions
-    before a resume (their evaluations before this session's first)."""
-    path = os.path.join(model_dir, "metrics.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            old_rows = json.load(f).get("history", [])
-        first = (rows or [{"step": 1e18}])[0]["step"]
-        results["history"] = [r for r in old_rows if r["step"] < first] + rows
-    runs.write_json(path, results)
-
-
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                   callbacks=(), validate=True, max_steps=None, verbose=None,
                   augment=None, measure=None):
@@ -363,13 +364,13 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         callbacks.insert(0, AveragedEvaluation())
     if checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint))
-        # After the checkpoint: a resume adds the time up to it.
-        elapsed = ElapsedTime(
-            os.path.join(config.model_dir, runs.ELAPSED),
-            runs.seconds_spent(config.model_dir) if done else 0.0)
-        callbacks.append(elapsed)
+        # After the checkpoint: a resume adds the time and curve up to it.
+        progress = RunProgress(
+            os.path.join(config.model_dir, runs.ELAPSED), step_log,
+            *(runs.progress_before(config.model_dir) if done else ()))
+        callbacks.append(progress)
     else:
-        elapsed = ElapsedTime(None)
+        progress = RunProgress(None, step_log)
     for initial_epoch, epochs, length in fit_segments(done, steps,
                                                       config.eval_every):
         model.fit(
@@ -386,7 +387,7 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         if model.stop_training:
             break  # A callback stopped training (e.g. StopAtStep).
     # With a model_dir, the sessions before a resume count too.
-    wall = elapsed.seconds()
+    wall = progress.seconds()
     # With config.ema: the average in the model, as Keras' fit leaves it.
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
@@ -401,12 +402,12 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
         "wall_seconds": wall,
-        "history": step_log.rows,
+        "history": progress.curve(),
     }
     if measure is not None:
         results.update(measure(model))
     if config.model_dir:
-        _write_metrics(config.model_dir, results, step_log.rows)
+        runs.write_json(os.path.join(config.model_dir, runs.METRICS), results)
     return model, batches, results
 
 

@@ -70,6 +70,21 @@ class LoopTest(absltest.TestCase):
         self.assertBetween(second["wall_seconds"], 1000.0, 1300.0)
         with open(os.path.join(model_dir, "metrics.json")) as f:
             self.assertEqual(json.load(f)["history"], second["history"])
+        # A run killed after a checkpoint has no metrics.json yet: its
+        # resume still keeps the curve (and time) up to the checkpoint.
+        killed_dir = tempfile.mkdtemp()
+        training.fit_private(
+            _tiny_model, (x, y), (x, y),
+            helpers.train_config(epochs=2 * 16 / 64, model_dir=killed_dir),
+            loss)
+        os.remove(os.path.join(killed_dir, runs.METRICS))
+        resumed = training.fit_private(
+            _tiny_model, (x, y), (x, y),
+            helpers.train_config(epochs=4 * 16 / 64, model_dir=killed_dir),
+            loss)
+        self.assertEqual([r["step"] for r in resumed["history"]], [2, 4])
+        self.assertEqual(runs.read_json(os.path.join(
+            killed_dir, runs.ELAPSED))["history"], resumed["history"])
         # The resumed run's batches continue the run's (no replay).
         with mock.patch.object(tf_dpadam.data, "poisson_batches",
                                wraps=tf_dpadam.data.poisson_batches) as made:
