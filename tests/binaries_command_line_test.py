@@ -60,6 +60,8 @@ USAGE_ERRORS = [
      "--data_dir: [Errno 2] No such file or directory"),
     ("examples.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
     ("examples.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
+    ("examples.train_text", ["--finetune_blocks=-1"],
+     "Expected finetune_blocks=-1 >= 0 (0: every block)"),
     ("examples.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
      "--learning_rates_dpsgd=['0.1', 'fast']: Expected"
      " learning_rates_dpsgd='fast' to be a number"),

@@ -62,6 +62,21 @@ class FinetuneModesTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "lora_rank=0"):
             finetune.check_finetune("lora", 0)
 
+    def test_the_binary_defaults_to_full_on_the_top_two_blocks(self):
+        # train_text's flags: unset --finetune_blocks is the measured 2 for
+        # lora and full; 0 is every block and the embeddings; the other
+        # modes keep theirs, and a 0 there is refused.
+        self.assertEqual(finetune.DEFAULT_FINETUNE, "full")
+        for mode in ("lora", "full"):
+            self.assertEqual(finetune.resolve_blocks(mode, None), 2)
+            self.assertIsNone(finetune.resolve_blocks(mode, 0))
+            self.assertEqual(finetune.resolve_blocks(mode, 3), 3)
+        for mode in ("last_block", "scratch"):
+            self.assertIsNone(finetune.resolve_blocks(mode, None))
+            with self.assertRaisesRegex(ValueError, "finetune_blocks=0"):
+                finetune.check_finetune(
+                    mode, 8, finetune.resolve_blocks(mode, 0))
+
     def test_top_blocks_of_each_mode(self):
         """`blocks=1` of 3: only the top block (and the head) trains, with
         its pretrained weights; the blocks below and the embeddings are
