@@ -215,7 +215,10 @@ def gather_rows(arrays, indices):
     frees: a process training one run after another on the same 1 GB array
     rose from 2.8 to 3.7 GB at its second run and stayed there
     (`benchmarks/run_memory.py`), and the SST-2 studies from 9 to 13 GB.
-    Text (NumPy str or bytes) comes out as `tf.string`.
+    Text (NumPy str or bytes) comes out as `tf.string`. Being a Python
+    call, the pipeline runs in this process (as under `fit`,
+    `MirroredStrategy`, `MultiWorkerMirroredStrategy` or on a TPU VM), not
+    on a remote tf.data worker (the tf.data service, legacy TPU nodes).
     """
     flat = [np.asarray(a) for a in tf.nest.flatten(arrays)]
     dtypes = [tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype)
