@@ -19,7 +19,6 @@ and reads them back.
 import contextlib
 import dataclasses
 import fcntl
-import gc
 import json
 import math
 import os
@@ -322,8 +321,7 @@ def _train(model_dir, config, *, data, train_fn, command, machine):
     write_json(sidecar, state)
     import keras  # Frees the finished run's graphs before the next one.
 
+    # Its garbage collection (free_memory=True) also frees what reference
+    # cycles keep of the run (its model, optimizer and pipeline).
     keras.backend.clear_session()
-    # And its data (e.g. the pipeline's copy of 3.3 GB of SST-2 features)
-    # before the next run makes its own: reference cycles keep it otherwise.
-    gc.collect()
     return load_record(model_dir, config, data)
