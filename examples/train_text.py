@@ -42,6 +42,7 @@ from examples import common
 from examples import datasets
 from examples import finetune as finetune_lib
 from examples import models
+from examples import record_sources
 from examples import training
 from tf_dpadam import validation
 
@@ -135,7 +136,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
             between calls (keyed by preset and tokens), e.g. across the runs
             of a tuning grid.
         data_source: a tfds text dataset read by random access instead
-            (`datasets.text_data_source`; all its examples, tokenized per
+            (`record_sources.text_data_source`; all its examples, tokenized per
             step, without the frozen-feature cache).
         finetune, lora_rank, finetune_blocks, pooling: what trains and
             what feeds the head (`examples.finetune`); the frozen-feature
@@ -207,11 +208,11 @@ def _run_on_source(data_source, data_dir, preset, sequence_length, config,
     """`run` on a random-access source: tokenized per step, no cache."""
     source = backbone or preset or models.default_offline_preset()
     # The classes come with the data; the head needs them first.
-    num_classes = datasets.data_source_num_classes(data_source, data_dir)
+    num_classes = record_sources.data_source_num_classes(data_source, data_dir)
     model, preprocessor = build(source, num_classes,
                                 sequence_length=sequence_length,
                                 seed=config.seed)
-    train, (x_test, y_test), _ = datasets.text_data_source(
+    train, (x_test, y_test), _ = record_sources.text_data_source(
         data_source, preprocessor, data_dir)
     if max_test_examples:
         x_test, y_test = datasets.subsample(x_test, y_test, max_test_examples,

@@ -29,18 +29,18 @@ import tensorflow as tf
 
 import tf_dpadam
 from examples import common
-from examples import datasets
+from examples import record_sources
 from examples import runs
 
 
 def poisson_plan(config, train, first_step=0):
     """`(N, T, batches)`: the examples, the steps and their Poisson batches.
 
-    `train` is `(x, y)` arrays, or a `datasets.RecordSource` read by random
+    `train` is `(x, y)` arrays, or a `record_sources.RecordSource` read by random
     access (only the sampled records of each step). `first_step`: the steps
     a resumed run has taken (its batches continue, never replay, theirs).
     """
-    if isinstance(train, datasets.RecordSource):
+    if isinstance(train, record_sources.RecordSource):
         num_examples = len(train)
         make_batches = functools.partial(
             tf_dpadam.data.poisson_batches_from_source, train.source,
@@ -61,7 +61,7 @@ def poisson_plan(config, train, first_step=0):
         # it gets the static padded batches.
         pad_to_multiple_of=None if config.jit_compile else 32,
     )
-    if isinstance(train, datasets.RecordSource) and train.transform:
+    if isinstance(train, record_sources.RecordSource) and train.transform:
         batches = batches._replace(dataset=batches.dataset.map(
             train.transform, num_parallel_calls=tf.data.AUTOTUNE))
     return num_examples, steps, batches
@@ -298,7 +298,7 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
     Args:
         model_fn: builds the (non-private) Keras model.
         train: `(x, y)` NumPy arrays (x may be a dict of arrays), or a
-            `datasets.RecordSource` (random access, for data larger than
+            `record_sources.RecordSource` (random access, for data larger than
             memory).
         test: `(x, y)` for evaluation.
         config: a `common.TrainConfig`; with a `model_dir`, a checkpoint

@@ -17,6 +17,7 @@ from examples import common
 from examples import datasets
 from examples import diagnostics
 from examples import models
+from examples import record_sources
 from examples import train_image
 from examples import train_text
 
@@ -80,10 +81,10 @@ class ImageBinaryTest(absltest.TestCase):
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(
                 try_download_gcs=False))
-        train, (x_test, y_test), num_classes = datasets.image_data_source(
+        train, (x_test, y_test), num_classes = record_sources.image_data_source(
             "tiny_images_for_test", data_dir)
         self.assertLen(train, 96)
-        by_folder, _, _ = datasets.image_data_source(
+        by_folder, _, _ = record_sources.image_data_source(
             os.path.join(data_dir, "tiny_images_for_test", "1.0.0"))
         self.assertLen(by_folder, 96)
         self.assertEqual((x_test.shape, num_classes), ((16, 8, 8, 1), 10))
@@ -112,7 +113,7 @@ class ImageBinaryTest(absltest.TestCase):
         self.assertTrue(all(len(set(r)) == len(r) for r in reads))
         with self.assertRaisesRegex(datasets.DatasetUnavailableError,
                                     "--data_source=nowhere"):
-            datasets.image_data_source("nowhere", data_dir)
+            record_sources.image_data_source("nowhere", data_dir)
 
     def test_augmult_trains_on_augmented_views(self):
         config = helpers.train_config(epochs=2 * 16 / 64, eval_every=2,
@@ -196,7 +197,7 @@ class TextBinaryTest(absltest.TestCase):
                 download_config=tfds.download.DownloadConfig(
                     try_download_gcs=False))
             name = f"tiny_text_for_test/{config_name}"
-            train, (x_test, y_test), classes = datasets.text_data_source(
+            train, (x_test, y_test), classes = record_sources.text_data_source(
                 name, backbone[1], data_dir)
             self.assertEqual((len(train), classes), (64, 2))
             # Unlabeled pairs are left out of the evaluation and weigh 0
