@@ -348,7 +348,8 @@ def _snli_split(split, data_dir):
 
 def _glue_sst2_split(split, data_dir):
     features = tfds_split_arrays("glue/sst2", split, data_dir)
-    return decode_text(features["sentence"]), features["label"].astype(np.int32)
+    return (decode_text(features["sentence"]),
+            features["label"].astype(np.int32))
 
 
 def load_text_dataset(name, data_dir=None):

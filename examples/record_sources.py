@@ -148,4 +148,5 @@ def text_data_source(name_or_path, preprocessor, data_dir=None):
               if isinstance(x_test, tuple) else x_test[keep])
     num_classes = builder.info.features["label"].num_classes
     return (RecordSource(train, _text_records, transform),
-            (datasets.preprocess(preprocessor, x_test), y_test[keep]), num_classes)
+            (datasets.preprocess(preprocessor, x_test), y_test[keep]),
+            num_classes)

@@ -66,15 +66,16 @@ def run(dataset, data_dir, config, max_examples=None, *,
         max_test_examples=None, data_source=None, **kwargs):
     """Loads `dataset` and trains the CNN; returns `training.fit_private`'s
     results. The first `max_examples` / `max_test_examples` are used (None:
-    all); with `data_source` (`record_sources.image_data_source`) the training set
-    is read by random access instead (all of it); `config.normalization` and
-    `config.cnn` are `models.make_cnn`'s; `config.augmult` > 0 trains on that many augmented
-    views of each example (`models.image_augmentation`), so that the run's
-    record (metrics.json) says how it was trained; `kwargs` go to
-    `fit_private` (`callbacks`, `max_steps`, `measure`)."""
+    all); with `data_source` (`record_sources.image_data_source`) the
+    training set is read by random access instead (all of it);
+    `config.normalization` and `config.cnn` are `models.make_cnn`'s;
+    `config.augmult` > 0 trains on that many augmented views of each
+    example (`models.image_augmentation`), so that the run's record
+    (metrics.json) says how it was trained; `kwargs` go to `fit_private`
+    (`callbacks`, `max_steps`, `measure`)."""
     if data_source:
-        train, (x_test, y_test), num_classes = record_sources.image_data_source(
-            data_source, data_dir)
+        train, (x_test, y_test), num_classes = (
+            record_sources.image_data_source(data_source, data_dir))
         input_shape = train.decode([train.source[0]])[0].shape[1:]
     else:
         (x_train, y_train), (x_test, y_test) = datasets.load_image_dataset(

@@ -36,9 +36,10 @@ from examples import runs
 def poisson_plan(config, train, first_step=0):
     """`(N, T, batches)`: the examples, the steps and their Poisson batches.
 
-    `train` is `(x, y)` arrays, or a `record_sources.RecordSource` read by random
-    access (only the sampled records of each step). `first_step`: the steps
-    a resumed run has taken (its batches continue, never replay, theirs).
+    `train` is `(x, y)` arrays, or a `record_sources.RecordSource` read by
+    random access (only the sampled records of each step). `first_step`:
+    the steps a resumed run has taken (its batches continue, never replay,
+    theirs).
     """
     if isinstance(train, record_sources.RecordSource):
         num_examples = len(train)

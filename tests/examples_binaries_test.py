@@ -81,8 +81,8 @@ class ImageBinaryTest(absltest.TestCase):
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(
                 try_download_gcs=False))
-        train, (x_test, y_test), num_classes = record_sources.image_data_source(
-            "tiny_images_for_test", data_dir)
+        train, (x_test, y_test), num_classes = (
+            record_sources.image_data_source("tiny_images_for_test", data_dir))
         self.assertLen(train, 96)
         by_folder, _, _ = record_sources.image_data_source(
             os.path.join(data_dir, "tiny_images_for_test", "1.0.0"))

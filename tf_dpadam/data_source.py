@@ -251,12 +251,9 @@ def poisson_batches_from_source(
         return flat
 
     def sample_step(nonce):
-        flat = tf.numpy_function(read_step, [nonce],
-                                 [s.dtype for s in flat_specs])
-        for tensor, spec in zip(flat, flat_specs):
-            tensor.set_shape(spec.shape)
-        rows = tf.nest.pack_sequence_as(specs, flat)
-        return sampling.pad_and_split(rows, tf.shape(flat[0])[0], layout)
+        rows = sampling.numpy_rows(read_step, nonce, specs)
+        size = tf.shape(tf.nest.flatten(rows)[0])[0]
+        return sampling.pad_and_split(rows, size, layout)
 
     return sampling.pipeline(sample_step, layout, num_parallel_reads,
                      first_step=first_step)

@@ -221,17 +221,28 @@ def gather_rows(arrays, indices):
     on a remote tf.data worker (the tf.data service, legacy TPU nodes).
     """
     flat = [np.asarray(a) for a in tf.nest.flatten(arrays)]
-    dtypes = [tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype)
-              for a in flat]
+    specs = tf.nest.pack_sequence_as(arrays, [tf.TensorSpec(
+        [None, *a.shape[1:]],
+        tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype))
+        for a in flat])
 
     def take(rows):
         return [_utf8(a[rows]) if a.dtype.kind in "OU" else a[rows]
                 for a in flat]
 
-    taken = tf.numpy_function(take, [indices], dtypes, stateful=False)
-    for tensor, array in zip(taken, flat):
-        tensor.set_shape([None, *array.shape[1:]])
-    return tf.nest.pack_sequence_as(arrays, taken)
+    return numpy_rows(take, indices, specs, stateful=False)
+
+
+def numpy_rows(read, argument, specs, stateful=True):
+    """`read(argument)` run by `tf.numpy_function`: a flat list of NumPy
+    arrays, one per `tf.TensorSpec` of the structure `specs`, returned as
+    that structure of tensors with the specs' shapes."""
+    flat_specs = tf.nest.flatten(specs)
+    flat = tf.numpy_function(read, [argument],
+                             [s.dtype for s in flat_specs], stateful=stateful)
+    for tensor, spec in zip(flat, flat_specs):
+        tensor.set_shape(spec.shape)
+    return tf.nest.pack_sequence_as(specs, flat)
 
 
 def pad_and_split(rows, size, layout):
