@@ -15,8 +15,13 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["tf_dpadam", "tf_dpadam.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow>=2.16",
-        "keras>=3.0",
+        # Only the versions the tests run on (requirements_lock.txt): the
+        # code relies on private APIs of TF 2.21 and Keras 3.15 (see
+        # tf_dpadam/keras_internals.py, tf_dpadam/vectorization.py), and
+        # tests/versions_test.py keeps this range, the lock and the
+        # installed versions together.
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15,<3.16",
         "dp-accounting>=0.4.3",
         "absl-py",
         "numpy",

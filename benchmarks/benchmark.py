@@ -2,6 +2,7 @@
 
     python benchmarks/benchmark.py                 # all configurations
     python benchmarks/benchmark.py --configs=cnn --jit=false
+    python benchmarks/benchmark.py --configs=cnn --dtype_policy=mixed_bfloat16
 
 Each (configuration, variant) runs in a process of its own, so that its peak
 memory is its own: the process builds the model and data, measures its
@@ -61,6 +62,11 @@ flags.DEFINE_list("variants", None,
                   " default: all of each configuration.")
 flags.DEFINE_string("output", None, "Also write the results as JSON here.")
 flags.DEFINE_string("child", None, "Internal: run one variant, as JSON.")
+flags.DEFINE_enum("dtype_policy", "float32",
+                  ["float32", "mixed_float16", "mixed_bfloat16", "float16",
+                   "bfloat16"],
+                  "Keras' global dtype policy in every child (all variants,"
+                  " the non-private one included).")
 FLAGS = flags.FLAGS
 
 # (configuration, variant) pairs; "nonprivate" is the reference of its
@@ -233,6 +239,7 @@ def _child(spec):
     import tf_dpadam
 
     tf.get_logger().setLevel("ERROR")
+    keras.mixed_precision.set_global_policy(FLAGS.dtype_policy)
     physical = 32 if config in _TEXT_SETUPS else 256
     accumulation = 8 if config == "cnn_accum" else 1
     setup = _TEXT_SETUPS.get(config, _cnn_setup)
@@ -287,6 +294,7 @@ def _child(spec):
         "config": config,
         "variant": variant,
         "jit": jit,
+        "dtype_policy": FLAGS.dtype_policy,
         "physical_batch": physical,
         "logical_batch": physical * accumulation,
         "clipping": clipping,
@@ -315,7 +323,8 @@ def _child(spec):
 def _run_child(spec):
     command = [sys.executable, os.path.abspath(__file__),
                f"--child={json.dumps(spec)}", f"--steps={FLAGS.steps}",
-               f"--warmup={FLAGS.warmup}"]
+               f"--warmup={FLAGS.warmup}",
+               f"--dtype_policy={FLAGS.dtype_policy}"]
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -412,7 +421,8 @@ def main(argv):
                       f" RSS, {_mib(result['tensor_peak_extra_bytes'])}"
                       " tensors", flush=True)
     rows = _ratios(results)
-    print("\nDP-AdamCorrected / non-private Adam (same machine, same run):")
+    print("\nDP-AdamCorrected / non-private Adam (same machine, same run,"
+          f" dtype policy {FLAGS.dtype_policy}):")
     print(f"{'config':10s} {'variant':27s} {'clipping':11s} {'jit':5s}"
           f" {'time x':>7s} {'CPU x':>7s}"
           f" {'RSS x':>7s} {'tensors x':>10s}")

@@ -67,7 +67,7 @@ class AccumulationTest(parameterized.TestCase):
                 loss=_LOSS,
             )
             model.fit(x, y, batch_size=physical, epochs=2, shuffle=False,
-                      verbose=0)
+                      verbose=0, sampling="shuffled")
             # The optimizer advances once per logical step.
             self.assertEqual(int(model.optimizer.iterations), 4)
             results.append(helpers.numpy_values(model.weights))
@@ -89,17 +89,19 @@ class AccumulationTest(parameterized.TestCase):
             return model
 
         straight = build()
-        straight.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        straight.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                     sampling="shuffled")
 
         interrupted = build()
         # Five micro-batches: one logical step and two thirds of the next.
         interrupted.fit(x[:20], y[:20], batch_size=4, shuffle=False,
-                        verbose=0)
+                        verbose=0, sampling="shuffled")
         self.assertEqual(int(interrupted.optimizer.iterations), 1)
         path = os.path.join(tempfile.mkdtemp(), "mid_step.keras")
         interrupted.save(path)
         resumed = keras.models.load_model(path)
-        resumed.fit(x[20:], y[20:], batch_size=4, shuffle=False, verbose=0)
+        resumed.fit(x[20:], y[20:], batch_size=4, shuffle=False, verbose=0,
+                    sampling="shuffled")
         self.assertEqual(int(resumed.optimizer.iterations), 3)
         for a, b in zip(helpers.numpy_values(straight.weights), helpers.numpy_values(resumed.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -116,7 +118,8 @@ class AccumulationTest(parameterized.TestCase):
             loss="mse",
         )
         x = np.zeros((k * physical, units), "float32")
-        model.fit(x, x, batch_size=physical, shuffle=False, verbose=0)
+        model.fit(x, x, batch_size=physical, shuffle=False, verbose=0,
+                  sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 1)
         update = -np.array(model.base_model.weights[0]).ravel()
         logical_b = k * physical

@@ -37,7 +37,11 @@ def private_mlp(noise_multiplier=0.0, l2_norm_clip=1.0, batch_size=8,
 
 
 def train(model, x, y, batch_size=8):
-    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+    # The same fixed batches for private models and Keras' reference ones.
+    fixed = ({"sampling": "shuffled"}
+             if isinstance(model, tf_dpadam.PrivateModel) else {})
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+              **fixed)
     return helpers.numpy_values(model.trainable_variables)
 
 

@@ -214,7 +214,7 @@ class AugmultTest(parameterized.TestCase):
                 private.train_on_batch(x, y, sample_weight=_WEIGHTS)
             else:  # fit traces with an unknown batch size.
                 private.fit(x, y, sample_weight=_WEIGHTS, batch_size=_B,
-                            shuffle=False, verbose=0)
+                            shuffle=False, verbose=0, sampling="shuffled")
             self.assertEqual(
                 private.clipping_used,
                 "ghost" if clipping == "ghost" else "vectorized")
@@ -273,7 +273,8 @@ class AugmultTest(parameterized.TestCase):
             batch_size=6, gradient_accumulation_steps=k), loss=_LOSS)
         data = tf.data.Dataset.from_tensor_slices(
             tuple(np.stack(t) for t in zip(*physical)))
-        private.fit(data, epochs=1, shuffle=False, verbose=0)
+        private.fit(data, epochs=1, shuffle=False, verbose=0,
+                    sampling="shuffled")
         self.assertEqual(int(private.optimizer.iterations), 1)
         got = [a - b for a, b in zip(_values(base.trainable_variables), start)]
         self.assert_update(got, want)
@@ -309,7 +310,7 @@ class AugmultTest(parameterized.TestCase):
         x = _rng(4).random((batch, 8, 8, 1)).astype("float32")
         y = np.arange(batch) % 3
         private.fit(x, y, batch_size=batch, epochs=2, shuffle=False,
-                    callbacks=[record], verbose=0)
+                    callbacks=[record], verbose=0, sampling="shuffled")
         self.assertEqual(private.clipping_used, "ghost")
         self.assertLen(seen, 2)
         for views in seen:
@@ -372,7 +373,8 @@ class AugmultTest(parameterized.TestCase):
                          _layer_configs(augment))
         np.testing.assert_allclose(loaded.predict(x, verbose=0),
                                    private.predict(x, verbose=0), rtol=1e-6)
-        loaded.fit(x, y, batch_size=_B, epochs=1, verbose=0)  # trains
+        loaded.fit(x, y, batch_size=_B, epochs=1, verbose=0,
+                   sampling="shuffled")  # trains
         self.assertEqual(loaded.clipping_used, "ghost")
 
     def test_save_and_load_registered_function(self):

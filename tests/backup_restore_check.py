@@ -5,7 +5,9 @@
 Trains a private model (DP-AdamBC, secret noise) for `TOTAL_STEPS` steps with
 `keras.callbacks.BackupAndRestore(WORK_DIR/backup, save_freq=SAVE_FREQ)` and
 `tf_dpadam.PrivacyBudget`. Every batch of the same epoch holds the same
-examples, so a step's update depends only on the state and the noise.
+examples (fixed batches, `fit(..., sampling="shuffled", shuffle=False)`,
+accounted without amplification), so a step's update depends only on the
+state and the noise.
 
 After every step it writes the state (optimizer iterations, weights, Adam
 moments) to WORK_DIR/state_<run>_<iterations>.npz; when training begins it
@@ -93,6 +95,7 @@ def main(work_dir, kill_at):
             budget,
             Recorder(work_dir, run, kill_at),
         ],
+        sampling="shuffled",
     )
     print("RESULT " + json.dumps({
         "iterations": int(model.optimizer.iterations.numpy()),

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 
+import dp_accounting
 import numpy as np
 from absl.testing import absltest
 
@@ -81,10 +82,14 @@ class BackupAndRestoreTest(absltest.TestCase):
 
     def test_ledger_counts_every_step_once(self):
         self.assertEqual(self.result["iterations"], check.TOTAL_STEPS)
-        expected = tf_dpadam.epsilon_after_steps(
-            steps=check.TOTAL_STEPS, num_examples=check.NUM_EXAMPLES,
-            batch_size=check.BATCH, noise_multiplier=check.NOISE_MULTIPLIER,
-            delta=check.DELTA)
+        # Fixed batches, no amplification: 10 steps of 4 a pass begin 3
+        # passes, each one Gaussian mechanism on every example, composed.
+        passes = -(-check.TOTAL_STEPS // check.BATCHES_PER_EPOCH)
+        accountant = dp_accounting.rdp.RdpAccountant(
+            list(tf_dpadam.accounting.RDP_ORDERS))
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.GaussianDpEvent(check.NOISE_MULTIPLIER), passes))
+        expected = accountant.get_epsilon(check.DELTA)
         self.assertAlmostEqual(self.result["epsilon"], expected, places=9)
 
     def test_noise_after_the_restart_is_fresh(self):

@@ -2,7 +2,11 @@
 
 The model is compiled with `FakeDPOptimizer`, a plain SGD that carries the two
 attributes the callback reads (`noise_multiplier`, `batch_size`), so that
-these tests do not depend on the DP optimizers of the package.
+these tests do not depend on the DP optimizers of the package. The model
+carries the `sampling_plan` that a private model's `fit` records: Poisson
+(the plan the accounting tables of these tests use) unless a test says
+otherwise; what `fit` records for each data path is tested in
+private_fit_test.py.
 """
 
 import os
@@ -15,6 +19,7 @@ import numpy as np
 
 from tf_dpadam import accounting
 from tf_dpadam import callbacks
+from tf_dpadam.accounting import plans
 
 N = 64  # Examples; with batches of B = 8 an epoch is 8 steps.
 B = 8
@@ -55,10 +60,14 @@ class _LogsRecorder(keras.callbacks.Callback):
         self.keys.append(sorted(logs))
 
 
-def _model(optimizer):
+POISSON = plans.PoissonPlan(N, B)
+
+
+def _model(optimizer, plan=POISSON):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer=optimizer, loss="mse")
+    model.sampling_plan = plan
     return model
 
 
@@ -123,11 +132,31 @@ class PrivacyBudgetTest(parameterized.TestCase):
                          [_eps(t, accountant) for t in range(1, 2 * N // B + 1)])
         self.assertEqual(before.batch_epsilons, [None] * (2 * N // B))
 
-    def test_batch_size_from_callback_when_optimizer_has_none(self):
+    def test_fixed_batches_account_passes_without_amplification(self):
+        # 8 batches a pass, 2 epochs: 16 steps, 2 passes, each a Gaussian
+        # mechanism of multiplier sigma on every example.
+        fixed = plans.FixedBatchesPlan("fixed batches", N // B)
+        model = _model(FakeDPOptimizer(batch_size=None, learning_rate=0.01),
+                       plan=fixed)
+        budget = callbacks.PrivacyBudget(N, DELTA, batch_size=B)
+        history = _fit(model, [budget], epochs=2)
+        expected = [
+            accounting.passes.gaussian_epsilon(SIGMA / np.sqrt(passes),
+                                               DELTA, "rdp")
+            for passes in (1, 2)
+        ]
+        self.assertEqual(history.history["epsilon"], expected)
+        self.assertGreater(expected[1], _eps(16))
+        # The callback's N and B make the comparison with Poisson sampling.
+        self.assertIn(f"would give {_eps(16):.4g}",
+                      budget.accounting_line(16))
+
+    def test_poisson_plan_needs_the_optimizers_batch_size(self):
         model = _model(FakeDPOptimizer(batch_size=None, learning_rate=0.01))
         budget = callbacks.PrivacyBudget(N, DELTA, batch_size=B)
-        history = _fit(model, [budget], epochs=1)
-        self.assertEqual(history.history["epsilon"], [_eps(N // B)])
+        with self.assertRaisesRegex(ValueError, "batch_size=None: set it to 8"):
+            _fit(model, [budget], epochs=1)
+        self.assertEqual(_iterations(model), 0)
 
     def test_stops_exactly_at_max_steps_and_refuses_to_resume(self):
         # eps(T) is strictly increasing, so the budget eps(13) allows exactly
@@ -173,6 +202,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
         self.assertEqual(restored.optimizer.batch_size, B)
         self.assertEqual(_iterations(restored), 16)
 
+        restored.sampling_plan = POISSON  # What a private model's fit sets.
         budget = callbacks.PrivacyBudget(N, DELTA, target_epsilon=target)
         history = _fit(restored, [budget], epochs=4, initial_epoch=2)
         # Steps 17..24 in epoch 3, then the stop at 30 in epoch 4.
@@ -196,7 +226,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
 
     def test_missing_batch_size_raises(self):
         model = _model(FakeDPOptimizer(batch_size=None))
-        with self.assertRaisesRegex(ValueError, "expected batch size"):
+        with self.assertRaisesRegex(ValueError, "batch_size=None"):
             _fit(model, [callbacks.PrivacyBudget(N, DELTA)], epochs=1)
 
     def test_conflicting_batch_size_raises(self):

@@ -73,13 +73,15 @@ class CleanGradientTest(parameterized.TestCase):
         )
         if steps > 1:
             # The first micro-batch completes no DP step: nothing recorded.
-            model.fit(x[:4], y[:4], batch_size=4, verbose=0)
+            model.fit(x[:4], y[:4], batch_size=4, verbose=0,
+                      sampling="shuffled")
             self.assertEqual(int(model.optimizer.iterations), 0)
             for g in numpy_values(model.clean_gradients):
                 np.testing.assert_array_equal(g, 0.0)
-            model.fit(x[4:], y[4:], batch_size=4, verbose=0)
+            model.fit(x[4:], y[4:], batch_size=4, verbose=0,
+                      sampling="shuffled")
         else:
-            model.fit(x, y, batch_size=8, verbose=0)
+            model.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 1)
         self.assertEqual(model.clipping_used, clipping)
         # Clipped (some norms exceed C = 0.3), noise-free, divided by B once.
@@ -108,7 +110,7 @@ class MomentsTest(parameterized.TestCase):
         callback = tf_dpadam.MomentDiagnostics(steps=(1, 6))
         x, y = classification_data(48, seed=4)
         model.fit(x, y, batch_size=8 // steps, epochs=1, shuffle=False,
-                  callbacks=[callback], verbose=0)
+                  callbacks=[callback], verbose=0, sampling="shuffled")
         self.assertEqual(callback.step, 6)
         self.assertEqual(sorted(callback.snapshots), [1, 6])
         for snapshot in callback.snapshots.values():
@@ -147,7 +149,7 @@ class MomentsTest(parameterized.TestCase):
         callback = tf_dpadam.MomentDiagnostics(steps=(5,))
         x, y = classification_data(80, d=40, classes=80, seed=7)
         model.fit(x, y, batch_size=batch, shuffle=False, callbacks=[callback],
-                  verbose=0)
+                  verbose=0, sampling="shuffled")
         snapshot = callback.snapshots[5]
         phi = (sigma * clip / batch) ** 2
         self.assertAlmostEqual(snapshot.phi, phi, places=7)
@@ -198,11 +200,12 @@ class DefaultAndSerializationTest(absltest.TestCase):
         self.assertFalse(model.diagnostics)
         self.assertFalse(model.get_config()["diagnostics"])
         x, y = classification_data(24)
-        model.fit(x, y, batch_size=8, verbose=0)
+        model.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
         self.assertIsNone(model.clean_gradients)
         with self.assertRaisesRegex(ValueError, "diagnostics=True"):
             model.fit(x, y, batch_size=8, verbose=0,
-                      callbacks=[tf_dpadam.MomentDiagnostics()])
+                      callbacks=[tf_dpadam.MomentDiagnostics()],
+                      sampling="shuffled")
 
     def test_diagnostics_warn_and_leave_weights_and_trajectory_alone(self):
         with self.assertWarnsRegex(UserWarning, _NOT_PRIVATE):
@@ -212,7 +215,8 @@ class DefaultAndSerializationTest(absltest.TestCase):
         self.assertEqual(len(plain.variables), len(diagnosed.variables))
         x, y = classification_data(24)
         for model in (plain, diagnosed):
-            model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+            model.fit(x, y, batch_size=8, shuffle=False, verbose=0,
+                      sampling="shuffled")
         # Same noise draws, same updates: the weights stay private.
         for a, b in zip(numpy_values(plain.variables),
                         numpy_values(diagnosed.variables)):
@@ -232,12 +236,14 @@ class DefaultAndSerializationTest(absltest.TestCase):
         x, y = classification_data(8)
         with self.assertRaisesRegex(ValueError, "DPAdam or DPAdamCorrected"):
             model.fit(x, y, verbose=0,
-                      callbacks=[tf_dpadam.MomentDiagnostics()])
+                      callbacks=[tf_dpadam.MomentDiagnostics()],
+                      sampling="shuffled")
 
     def test_save_load_round_trips_the_flag_but_not_the_clean_gradient(self):
         model = self._compiled(True)
         x, y = classification_data(16)
-        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0,
+                  sampling="shuffled")
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         model.save(path)
         with self.assertWarnsRegex(UserWarning, _NOT_PRIVATE):
@@ -252,8 +258,9 @@ class DefaultAndSerializationTest(absltest.TestCase):
         # Clean moments must start with the optimizer's, at step 0.
         with self.assertRaisesRegex(ValueError, "at step 2"):
             loaded.fit(x, y, batch_size=8, verbose=0,
-                       callbacks=[tf_dpadam.MomentDiagnostics()])
-        loaded.fit(x, y, batch_size=8, verbose=0)
+                       callbacks=[tf_dpadam.MomentDiagnostics()],
+                       sampling="shuffled")
+        loaded.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
         self.assertGreater(
             max(np.abs(g).max()
                 for g in numpy_values(loaded.clean_gradients)), 0
@@ -298,7 +305,8 @@ def _distribute_child():
                 loss=LOSS,
             )
         callback = tf_dpadam.MomentDiagnostics(steps=(1,))
-        model.fit(x, y, batch_size=8, callbacks=[callback], verbose=0)
+        model.fit(x, y, batch_size=8, callbacks=[callback], verbose=0,
+                  sampling="shuffled")
         result[name] = [g.tolist()
                         for g in numpy_values(model.clean_gradients)]
         result[name + "_m_clean"] = callback.snapshots[1].m_clean.tolist()

@@ -89,7 +89,7 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     model.fit(x, y, batch_size=16 // (accumulation_steps or 1), epochs=2,
-              shuffle=False, verbose=0)
+              shuffle=False, verbose=0, sampling="shuffled")
     assert int(model.optimizer.iterations.numpy()) == 4
     return [w.numpy().tolist() for w in base.weights]
 
@@ -113,7 +113,8 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size,
             loss="mse",
         )
     x = np.zeros((batch, units), "float32")
-    model.fit(x, x, batch_size=batch // (accumulation_steps or 1), verbose=0)
+    model.fit(x, x, batch_size=batch // (accumulation_steps or 1), verbose=0,
+              sampling="shuffled")
     assert int(model.optimizer.iterations.numpy()) == 1
     return {
         "std": float(np.std(-base.weights[0].numpy())),

@@ -69,7 +69,7 @@ def noise_free_weights(distributed, accumulation_steps=None):
             loss=_LOSS,
         )
     model.fit(x, y, batch_size=16 // (accumulation_steps or 1), epochs=2,
-              shuffle=False, verbose=0)
+              shuffle=False, verbose=0, sampling="shuffled")
     assert int(model.optimizer.iterations.numpy()) == 4
     return _weights(model)
 
@@ -90,7 +90,7 @@ def noise_update(units=320, sigma=1.3, clip=0.5, batch=32):
             loss="mse",
         )
     x = np.zeros((batch, units), "float32")
-    model.fit(x, x, batch_size=batch, verbose=0)
+    model.fit(x, x, batch_size=batch, verbose=0, sampling="shuffled")
     # SGD would make the update the noise itself; with Adam's first step the
     # update is a sign, so read the applied gradient from the first moment.
     m, _ = model.optimizer.moments(base.weights[0])

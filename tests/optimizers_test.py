@@ -366,7 +366,7 @@ class LockstepTest(parameterized.TestCase):
         )
         recorder = _RecordWeights()
         model.fit(x, y, batch_size=_PHYSICAL, epochs=1, shuffle=False,
-                  verbose=0, callbacks=[recorder])
+                  verbose=0, callbacks=[recorder], sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 6)
         self.assertLen(recorder.steps, 6)
         return recorder.steps, trajectory
@@ -409,7 +409,7 @@ class LockstepTest(parameterized.TestCase):
 
         # 20 examples in batches of 12: steps of 12 and 8 examples.
         model.fit(x[:20], y[:20], batch_size=12, shuffle=False, verbose=0,
-                  callbacks=[Record()])
+                  callbacks=[Record()], sampling="shuffled")
         expected = [(sigma * clip / b) ** 2 for b in expected_b]
         np.testing.assert_allclose(phis, expected, rtol=1e-6)
         np.testing.assert_allclose(gammas, [0.04 * p for p in expected],
@@ -421,7 +421,8 @@ class LockstepTest(parameterized.TestCase):
             phi=3e-5, epsilon=2e-6,
         )
         model.compile(optimizer=override, loss=_LOSS, jit_compile=False)
-        model.fit(x[:12], y[:12], batch_size=12, verbose=0)
+        model.fit(x[:12], y[:12], batch_size=12, verbose=0,
+                  sampling="shuffled")
         np.testing.assert_allclose(float(override.step_phi()), 3e-5,
                                    rtol=1e-6)
         np.testing.assert_allclose(
@@ -705,7 +706,7 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
         )
         recorder = _RecordWeights()
         model.fit(x, y, batch_size=_PHYSICAL, epochs=1, shuffle=False,
-                  verbose=0, callbacks=[recorder])
+                  verbose=0, callbacks=[recorder], sampling="shuffled")
         steps = recorder.steps[accumulation - 1::accumulation]
         if len(recorder.steps) % accumulation:
             steps.append(recorder.steps[-1])  # the last, partial step
@@ -742,7 +743,8 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
             history = model.fit(
                 x, y, batch_size=_PHYSICAL, epochs=2, shuffle=False,
                 verbose=0, callbacks=[recorder] + callbacks,
-                validation_data=(x[:12], y[:12]) if validation else None)
+                validation_data=(x[:12], y[:12]) if validation else None,
+                sampling="shuffled")
             return model, recorder.steps, history
 
         plain_model, plain, _ = train([], validation=False)
@@ -761,3 +763,115 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
         final = swapped_model.evaluate(x[:12], y[:12], verbose=0)
         self.assertAlmostEqual(history.history["val_loss"][-1], final,
                                places=5)
+
+
+def _keras_post_clip(grads, arg, value):
+    """NumPy Keras clipping of the averaged gradient (after the noise)."""
+    if arg == "clipnorm":  # Each tensor to L2 norm <= value.
+        return [g * value / max(np.linalg.norm(g), value) for g in grads]
+    if arg == "global_clipnorm":  # All tensors together.
+        norm = math.sqrt(sum((g**2).sum() for g in grads))
+        return [g * value / max(norm, value) for g in grads]
+    return [np.clip(g, -value, value) for g in grads]  # clipvalue
+
+
+class _PostClippedReference(ReferenceOptimizer):
+    """A reference rule that first applies Keras' clipping to g_tilde."""
+
+    def __init__(self, rule, params, *, arg, value, **hyper):
+        super().__init__(rule, params, **hyper)
+        self.arg, self.value = arg, value
+
+    def step(self, params, grads):
+        return super().step(params, _keras_post_clip(grads, self.arg,
+                                                     self.value))
+
+
+_CLIP_ARGS = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
+class KerasGradientClippingTest(parameterized.TestCase):
+    """Keras' clipnorm / global_clipnorm / clipvalue act on the averaged,
+    noised gradient. DPAdamCorrected refuses them (Phi is the noise variance
+    of the unclipped gradient); DPSGD and DPAdam accept them (post-processing)
+    and then follow the NumPy reference with the clipping."""
+
+    def _corrected(self, **kwargs):
+        return tf_dpadam.DPAdamCorrected(
+            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=8, **kwargs)
+
+    @parameterized.parameters(*_CLIP_ARGS)
+    def test_corrected_refuses_in_constructor(self, arg):
+        with self.assertRaisesRegex(ValueError, rf"Expected {arg}=None.*Phi"):
+            self._corrected(**{arg: 0.01})
+
+    @parameterized.parameters(*_CLIP_ARGS)
+    def test_corrected_refuses_saved_config(self, arg):
+        config = self._corrected().get_config()
+        self.assertIn(arg, config)  # Keras saves it (as None here).
+        tf_dpadam.DPAdamCorrected.from_config(dict(config))  # Loads.
+        config[arg] = 0.01
+        with self.assertRaisesRegex(ValueError, rf"Expected {arg}=None"):
+            tf_dpadam.DPAdamCorrected.from_config(config)
+        with self.assertRaisesRegex(ValueError, rf"Expected {arg}=None"):
+            keras.optimizers.deserialize(
+                {"module": "tf_dpadam", "class_name": "DPAdamCorrected",
+                 "config": config,
+                 "registered_name": "tf_dpadam>DPAdamCorrected"})
+
+    @parameterized.parameters(*_CLIP_ARGS)
+    def test_corrected_refuses_clipping_set_after_construction(self, arg):
+        optimizer = self._corrected()
+        variable = keras.Variable(np.ones(3, np.float32))
+        optimizer.build([variable])
+        setattr(optimizer, arg, 0.01)
+        with self.assertRaisesRegex(ValueError, rf"Expected {arg}=None"):
+            optimizer.apply_private([np.ones(3, np.float32)], [variable], 8.0)
+        np.testing.assert_array_equal(np.array(variable), np.ones(3))
+
+    @parameterized.product(rule=("dpsgd", "dpadam"), arg=_CLIP_ARGS)
+    def test_dpsgd_and_dpadam_train_with_keras_clipping(self, rule, arg):
+        x, y = _data()
+        x64 = x.astype(np.float64)
+        base = _mlp()
+        initial = _arrays(base.trainable_variables)
+        clip = _median_clip(initial, x, y)
+        cls, kwargs, ref_rule, hyper = _rule_setup(rule)
+        plain, _, first_g, _ = reference_training(
+            initial, x64, y, clip=clip, batch_size=_FIXED_B,
+            physical=_PHYSICAL,
+            make_rule=lambda p: ReferenceOptimizer(ref_rule, p, **hyper))
+        # A threshold that binds on the first step's g_tilde.
+        if arg == "clipnorm":
+            value = 0.5 * min(np.linalg.norm(g) for g in first_g)
+        elif arg == "global_clipnorm":
+            value = 0.5 * math.sqrt(sum((g**2).sum() for g in first_g))
+        else:
+            value = float(np.median(np.abs(np.concatenate(
+                [g.ravel() for g in first_g]))))
+        trajectory, *_ = reference_training(
+            initial, x64, y, clip=clip, batch_size=_FIXED_B,
+            physical=_PHYSICAL,
+            make_rule=lambda p: _PostClippedReference(
+                ref_rule, p, arg=arg, value=value, **hyper))
+        # The clipping matters: without it the trajectory differs (Adam's
+        # first step is sign(g) either way, so compare the last).
+        self.assertGreater(max(np.abs(a - b).max() for a, b in
+                               zip(plain[-1], trajectory[-1])), 1e-4)
+
+        model = tf_dpadam.make_private(base, seed=0)
+        model.compile(
+            optimizer=cls(l2_norm_clip=clip, noise_multiplier=0.0,
+                          batch_size=_FIXED_B, **{arg: value}, **kwargs),
+            loss=_LOSS, jit_compile=False)
+        # The reference's consecutive batches, one step each.
+        steps = []
+        for start in range(0, _N, _PHYSICAL):
+            model.train_on_batch(x[start:start + _PHYSICAL],
+                                 y[start:start + _PHYSICAL])
+            steps.append(_arrays(model.trainable_variables))
+        self.assertLen(steps, len(trajectory))
+        for step, (got, want) in enumerate(zip(steps, trajectory)):
+            for a, e in zip(got, want):
+                np.testing.assert_allclose(a, e, rtol=1e-5, atol=_ATOL,
+                                           err_msg=f"step {step + 1}")

@@ -112,10 +112,11 @@ class TaskModelTest(absltest.TestCase):
         private = _private(_task_model(), clip=1.0)
         history = private.fit(
             _SENTENCES, _LABELS, batch_size=4, verbose=0,
-            validation_data=(_SENTENCES[:3], _LABELS[:3]))
+            validation_data=(_SENTENCES[:3], _LABELS[:3]),
+            sampling="shuffled")
         self.assertIn("val_loss", history.history)
         history = private.fit(_SENTENCES, _LABELS, batch_size=4, verbose=0,
-                              validation_split=0.25)
+                              validation_split=0.25, sampling="shuffled")
         self.assertIn("val_accuracy", history.history)
 
     def test_unsupported_inputs_raise(self):

@@ -49,11 +49,12 @@ class CommandLineTest(absltest.TestCase):
         )
         out, err = process.communicate(timeout=120)
         self.assertEqual(process.returncode, 0, msg=err)
-        self.assertEqual(
+        # The statement, then which sampling it assumes and the other's.
+        self.assertStartsWith(
             out,
             accounting.compute_dp_sgd_privacy_statement(
                 60000, 256, 60, 1.1, DELTA
-            ) + "\n",
+            ) + "\n\nAssumed sampling: Poisson sampling",
         )
         setting = dict(num_examples=60000, batch_size=256, noise_multiplier=1.1)
         for accountant, name in (("rdp", "RDP"), ("pld", "PLD")):
@@ -124,12 +125,33 @@ class ReportTest(parameterized.TestCase):
             num_examples=60000, batch_size=256, noise_multiplier=1.1,
             epochs=60, delta=DELTA,
         )
-        self.assertEqual(
+        self.assertStartsWith(
             text,
             accounting.compute_dp_sgd_privacy_statement(
                 60000, 256, 60, 1.1, DELTA
-            ),
+            ) + "\n\nAssumed sampling: Poisson sampling",
         )
+
+    def test_statement_says_which_sampling_and_gives_the_other(self):
+        setting = dict(num_examples=80, batch_size=8, noise_multiplier=1.0,
+                       epochs=3, delta=1e-5)
+        poisson = privacy_cli.report(**setting)
+        self.assertIn("Assumed sampling: Poisson sampling at q = 8/80:"
+                      " after 30 steps epsilon = 4.848 (RDP), 4.178 (PLD)",
+                      poisson)
+        self.assertIn("For comparison: shuffled fixed batches", poisson)
+        shuffled = privacy_cli.report(sampling="shuffled", **setting)
+        self.assertIn("Assumed sampling: shuffled fixed batches of 8 of 80"
+                      " examples (no amplification by subsampling): after 30"
+                      " steps epsilon = 9.01 (RDP), 8.385 (PLD)", shuffled)
+        budget = privacy_cli.report(
+            num_examples=80, batch_size=8, noise_multiplier=1.0, delta=1e-5,
+            target_epsilon=9.0, sampling="shuffled")
+        self.assertIn("steps = 20", budget)
+        with self.assertRaisesRegex(ValueError, "Poisson sampling only"):
+            privacy_cli.report(num_examples=80, batch_size=8, epochs=3,
+                               delta=1e-5, target_epsilon=9.0,
+                               sampling="shuffled")
 
     def test_statement_with_steps(self):
         text = privacy_cli.report(

@@ -77,7 +77,8 @@ class MakePrivateTest(parameterized.TestCase):
         )
         before = helpers.numpy_values(base.weights)
         x, y = helpers.classification_data(32)
-        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                            sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 4)
         self.assertTrue(math.isfinite(history.history["loss"][0]))
         self.assertIn("accuracy", history.history)
@@ -106,7 +107,7 @@ class MakePrivateTest(parameterized.TestCase):
         )
         x = np.random.default_rng(0).random((16, 5)).astype("float32")
         y = np.random.default_rng(1).integers(0, 3, 16)
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 2)
         self.assertEqual(model.clipping_used,
                          "ghost" if clipping == "auto" else "vectorized")
@@ -125,7 +126,8 @@ class MakePrivateTest(parameterized.TestCase):
                 jit_compile=jit,
             )
             x, y = helpers.classification_data(24)
-            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                      sampling="shuffled")
             results.append(helpers.numpy_values(model.base_model.weights))
         for eager_graph, xla in zip(*results):
             np.testing.assert_allclose(eager_graph, xla, rtol=1e-5, atol=1e-6)
@@ -142,7 +144,8 @@ class MakePrivateTest(parameterized.TestCase):
             loss=_LOSS,
         )
         x, y = helpers.classification_data(16)
-        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                            sampling="shuffled")
         expected = float(_LOSS(y, base(x)))
         self.assertAlmostEqual(history.history["loss"][0], expected, places=5)
 
@@ -160,6 +163,7 @@ class MakePrivateTest(parameterized.TestCase):
         history = model.fit(
             x, {"a": y, "b": np.zeros((16, 1), "float32")},
             batch_size=8, verbose=0,
+            sampling="shuffled",
         )
         self.assertTrue(math.isfinite(history.history["loss"][0]))
         self.assertIn("a_loss", history.history)
@@ -216,14 +220,14 @@ class RefusalTest(parameterized.TestCase):
             loss=_LOSS,
         )
         x, y = helpers.classification_data(32)
-        model.fit(x, y, batch_size=8, verbose=0)
+        model.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
         bn.trainable = True
         model.compile(
             optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),
             loss=_LOSS,
         )
         with self.assertRaisesRegex(ValueError, "frozen_bn"):
-            model.fit(x, y, batch_size=8, verbose=0)
+            model.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
 
     @parameterized.named_parameters(
         ("clip_zero", "l2_norm_clip", 0.0),
@@ -328,7 +332,8 @@ class SerializationTest(parameterized.TestCase):
 
         x, y = helpers.classification_data(16)
         model = build()
-        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                  sampling="shuffled")
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         model.save(path)
         loaded = keras.models.load_model(path)
@@ -342,8 +347,10 @@ class SerializationTest(parameterized.TestCase):
         for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
             np.testing.assert_array_equal(np.array(a), np.array(b))
 
-        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-        loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                  sampling="shuffled")
+        loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                   sampling="shuffled")
         self.assertEqual(int(loaded.optimizer.iterations), 4)
         for a, b in zip(helpers.numpy_values(model.weights), helpers.numpy_values(loaded.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -358,7 +365,7 @@ class SerializationTest(parameterized.TestCase):
         )
         self.assertTrue(model.optimizer.built)
         x, y = helpers.classification_data(32)
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 4)
 
     def test_loaded_base_model_is_still_refused_without_wrapper(self):
@@ -370,7 +377,7 @@ class SerializationTest(parameterized.TestCase):
             loss=_LOSS,
         )
         x, y = helpers.classification_data(32)
-        model.fit(x, y, batch_size=8, verbose=0)
+        model.fit(x, y, batch_size=8, verbose=0, sampling="shuffled")
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         model.save(path)
         loaded = keras.models.load_model(path)

@@ -65,10 +65,12 @@ class GradientAccumulator:
     def __init__(self, optimizer, var_list, steps):
         self.steps = steps
         # This replica's sums (the sum over all replicas when read in
-        # cross-replica context; without replicas, just the sums).
+        # cross-replica context; without replicas, just the sums). Float32
+        # whatever the variables' dtype: the clipped sums are float32
+        # (`privatizer.clip_and_sum`), and so is their accumulation.
         self.sums = [
             _replica_local_variable(
-                optimizer, v.shape, v.dtype, f"dp_accumulator_{i}"
+                optimizer, v.shape, "float32", f"dp_accumulator_{i}"
             )
             for i, v in enumerate(var_list)
         ]
@@ -94,7 +96,7 @@ class GradientAccumulator:
                 logical step's accumulated sums.
         """
         for accumulator, g in zip(self.sums, summed):
-            accumulator.assign(accumulator + g)
+            accumulator.assign(accumulator + ops.cast(g, "float32"))
         self.count.assign(self.count + count)
         self.micro_step.assign(self.micro_step + 1)
 
@@ -127,7 +129,7 @@ class GradientAccumulator:
                 noises, scales and applies the logical step.
         """
         for accumulator, g in zip(self.sums, summed):
-            accumulator.assign(accumulator + g)
+            accumulator.assign(accumulator + ops.cast(g, "float32"))
         self.count.assign(self.count + count)
 
         def merge_fn(strategy):

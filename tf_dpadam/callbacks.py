@@ -1,36 +1,52 @@
 """A Keras callback that reports, and can cap, the privacy spent in training.
 
-`PrivacyBudget` reads the noise multiplier sigma and the expected batch size B
-from the model's DP optimizer and the number of steps taken from the
-optimizer's `iterations`, and accounts them as the dp-accounting event
-SelfComposedDpEvent(PoissonSampledDpEvent(B / N, GaussianDpEvent(sigma)), T)
-with `tf_dpadam.accounting.epsilon_after_steps`.
+`PrivacyBudget` reads the noise multiplier sigma from the model's DP
+optimizer, the steps taken from the optimizer's `iterations`, and how the
+batches were drawn from the private model's `sampling_plan` (recorded by its
+`fit`, `tf_dpadam.private_fit`), and accounts them with that plan
+(`tf_dpadam.accounting.plans`): T Poisson-subsampled Gaussian steps at
+q = B / N for tf_dpadam's Poisson batches, and no amplification by
+subsampling for anything else.
 """
 
+import dataclasses
 import math
 
 import keras
 from keras import ops
 
-from tf_dpadam import accounting
 from tf_dpadam import validation
+from tf_dpadam.accounting import plans
 
 
 class PrivacyBudget(keras.callbacks.Callback):
     """Logs epsilon every epoch and optionally stops training at a budget.
 
-    The accounting (see `tf_dpadam.accounting.epsilon_after_steps`) is that of
-    T steps of Poisson sampling at rate q = B / N with Gaussian noise of
-    multiplier sigma, under add-or-remove-one adjacency, where
+    The accounting follows how the batches were drawn, as the private
+    model's `fit` records it (`model.sampling_plan`):
 
-    * sigma is `model.optimizer.noise_multiplier`,
-    * B is `model.optimizer.batch_size`, or this callback's `batch_size` if
-      the optimizer's is None (it divides by the number of examples in each
-      step); the accounting needs the expected batch size,
-    * T is `int(model.optimizer.iterations)`: the optimizer counts the
-      privatized (logical) steps, and its `iterations` is saved and restored
-      with the model, so after save / load / resume epsilon continues from
-      the steps already taken instead of restarting at zero.
+    * tf_dpadam's Poisson batches (the default of `fit` on in-memory data,
+      `tf_dpadam.data.poisson_batches`, `poisson_batches_from_source`,
+      `sharding.sharded_poisson_batches`): T steps of Poisson sampling at
+      rate q = B / N with Gaussian noise of multiplier sigma
+      (`tf_dpadam.accounting.epsilon_after_steps`), B the optimizer's
+      `batch_size` and N the examples the pipeline samples from;
+    * anything else (`fit(..., sampling="shuffled")`, a `tf.data.Dataset`
+      of your own, a `PyDataset`, a generator): no amplification by
+      subsampling; each pass over the data is one Gaussian mechanism per
+      example, composed over the passes begun
+      (`tf_dpadam.accounting.passes`), or every step one if the passes are
+      unknown (an infinite dataset, a generator).
+
+    In both, under add-or-remove-one adjacency, sigma is
+    `model.optimizer.noise_multiplier` and T is
+    `int(model.optimizer.iterations)`: the optimizer counts the privatized
+    (logical) steps, and its `iterations` is saved and restored with the
+    model, so after save / load / resume epsilon continues from the steps
+    already taken, accounted with the current plan. At the start of training
+    one line (with `verbose=1`) says which accounting applies and, for data
+    that could have been Poisson-sampled, the epsilon Poisson sampling would
+    have given.
 
     At the end of every batch and every epoch it sets `logs["epsilon"]`, so
     epsilon shows in the live progress bar (`verbose=1`), the `History`,
@@ -42,60 +58,80 @@ class PrivacyBudget(keras.callbacks.Callback):
     the epoch logs (`TensorBoard`, `CSVLogger`, `EarlyStopping`, ...) sees it
     only if it comes after `PrivacyBudget`: put `PrivacyBudget` first.
 
-    With `target_epsilon`, `on_train_begin` computes once
-    `max_steps = tf_dpadam.accounting.calibrate_steps(...)`, the largest T
-    with epsilon(T) <= target_epsilon, and `on_train_batch_end` sets
-    `model.stop_training = True` as soon as T reaches `max_steps`, so no step
-    beyond the budget is taken. If the budget is already spent when training
-    begins, `on_train_begin` raises before any step. The stop is exact only
-    with `steps_per_execution=1`, which the callback then requires.
+    With `target_epsilon`, `on_train_begin` computes once the largest T
+    with epsilon(T) <= target_epsilon under the plan
+    (`tf_dpadam.accounting.calibrate_steps` for Poisson), and
+    `on_train_batch_end` sets `model.stop_training = True` as soon as T
+    reaches it, so no step beyond the budget is taken. If the budget is
+    already spent when training begins, `on_train_begin` raises before any
+    step. The stop is exact only with `steps_per_execution=1`, which the
+    callback then requires.
 
     Attributes:
         epsilon: The last epsilon computed (None before training begins).
         max_steps: The step budget for `target_epsilon` (None without one).
+        plan: The sampling plan accounted (None before training begins).
     """
 
     def __init__(
         self,
-        num_examples,
-        delta,
+        num_examples=None,
+        delta=None,
         target_epsilon=None,
         accountant="rdp",
         batch_size=None,
+        verbose=1,
     ):
         """Creates the callback.
 
         Args:
-            num_examples: N, the number of training examples (> 0).
+            num_examples: N, the number of training examples (> 0), or None
+                to take it from the data (`fit` knows it for in-memory data
+                and tf_dpadam's Poisson pipelines). A value that disagrees
+                with the data `fit` knows is an error.
             delta: The delta of the (epsilon, delta) guarantee, in (0, 1).
             target_epsilon: Optional budget epsilon > 0; training stops before
                 the first step that would exceed it.
             accountant: "rdp" or "pld" (see `tf_dpadam.accounting`).
-            batch_size: The expected batch size B, used only when the
-                optimizer's `batch_size` is None.
+            batch_size: The logical batch size, used only when the
+                optimizer's `batch_size` is None, to compare with Poisson
+                sampling.
+            verbose: 1 (default) prints the accounting line when training
+                starts (once per plan, not at every `fit` call); 0 does
+                not.
 
         Raises:
             ValueError: if an argument is out of range.
         """
         super().__init__()
-        validation.check_positive_int("num_examples", num_examples)
-        if batch_size is not None:
-            validation.check_sizes("num_examples", num_examples, batch_size)
+        if num_examples is not None:
+            validation.check_positive_int("num_examples", num_examples)
+            if batch_size is not None:
+                validation.check_sizes("num_examples", num_examples,
+                                       batch_size)
+        elif batch_size is not None:
+            validation.check_positive_int("batch_size", batch_size)
+        if delta is None:
+            raise ValueError("Expected delta=None to be a number in (0, 1).")
         validation.check_delta(delta)
         if target_epsilon is not None:
             validation.check_positive_real("target_epsilon", target_epsilon)
         validation.check_accountant(accountant)
-        self.num_examples = int(num_examples)
+        validation.check(verbose in (0, 1), "verbose", verbose, "0 or 1")
+        self.num_examples = None if num_examples is None else int(num_examples)
         self.delta = float(delta)
         self.target_epsilon = (
             None if target_epsilon is None else float(target_epsilon)
         )
         self.accountant = accountant
         self.batch_size = None if batch_size is None else int(batch_size)
+        self.verbose = verbose
         self.epsilon = None
         self.max_steps = None
-        self._epsilons = {}  # (sigma, B, T) -> epsilon.
-        self._max_steps = {}  # (sigma, B) -> max_steps.
+        self.plan = None
+        self._announced = None
+        self._epsilons = {}  # (plan, sigma, T) -> epsilon.
+        self._max_steps = {}  # (plan, sigma) -> max_steps.
 
     # ----------------------------------------------------------------------
     # Reading the model.
@@ -114,56 +150,64 @@ class PrivacyBudget(keras.callbacks.Callback):
             " DPAdam or DPAdamCorrected)."
         )
 
-    def _hyperparameters(self):
-        """Returns (sigma, B) of the model's DP optimizer."""
+    def _sigma(self):
+        return float(self._dp_optimizer().noise_multiplier)
+
+    def _read_plan(self):
+        """The model's sampling plan, checked against `num_examples`."""
         optimizer = self._dp_optimizer()
-        sigma = float(optimizer.noise_multiplier)
-        batch_size = getattr(optimizer, "batch_size", None)
-        if batch_size is None:
-            if self.batch_size is None:
-                raise ValueError(
-                    "PrivacyBudget needs the expected batch size B (the"
-                    " accounting uses the sampling rate q = B / num_examples):"
-                    " the optimizer's batch_size is None, so pass"
-                    " PrivacyBudget(..., batch_size=B)."
-                )
-            batch_size = self.batch_size
-        elif self.batch_size is not None and self.batch_size != batch_size:
+        k = getattr(optimizer, "dp_accumulation_steps", 1)
+        plan = getattr(self.model, "sampling_plan", None)
+        if plan is None:
+            plan = plans.FixedBatchesPlan("data of unknown sampling", None, k)
+        denominator = getattr(optimizer, "batch_size", None)
+        if (self.batch_size is not None and denominator is not None
+                and self.batch_size != denominator):
             raise ValueError(
                 f"Expected batch_size={self.batch_size!r} to be None or equal"
-                f" to the optimizer's batch_size={batch_size!r}."
+                f" to the optimizer's batch_size={denominator!r}."
             )
-        return sigma, int(batch_size)
+        n = self.num_examples
+        if plan.num_examples is not None:
+            if n is not None and n != plan.num_examples:
+                raise ValueError(
+                    f"Expected num_examples={n!r} to equal the"
+                    f" {plan.num_examples} examples that fit trains on (after"
+                    " validation_split, if any): the accounting needs the N"
+                    " the batches are sampled from. Leave num_examples=None"
+                    " to take it from the data."
+                )
+        elif n is not None:
+            logical = getattr(optimizer, "batch_size", None) or self.batch_size
+            plan = dataclasses.replace(plan, num_examples=n,
+                                       logical_batch_size=logical)
+        if plan.amplified:
+            batch_size = getattr(optimizer, "batch_size", None)
+            if batch_size != plan.expected_batch_size:
+                raise ValueError(
+                    f"The Poisson batches have expected size"
+                    f" {plan.expected_batch_size}, but the optimizer divides"
+                    f" by batch_size={batch_size!r}: set it to"
+                    f" {plan.expected_batch_size}."
+                )
+        return plan
 
     def _steps_taken(self):
         return int(ops.convert_to_numpy(self._dp_optimizer().iterations))
 
-    def _epsilon_at(self, steps, sigma, batch_size):
-        key = (sigma, batch_size, steps)
+    def _epsilon_at(self, steps, sigma):
+        key = (self.plan, sigma, steps)
         if key not in self._epsilons:
-            if steps == 0:
-                epsilon = 0.0
-            elif sigma == 0:
-                epsilon = math.inf
-            else:
-                epsilon = accounting.epsilon_after_steps(
-                    steps=steps,
-                    num_examples=self.num_examples,
-                    batch_size=batch_size,
-                    noise_multiplier=sigma,
-                    delta=self.delta,
-                    accountant=self.accountant,
-                )
-            self._epsilons[key] = epsilon
+            self._epsilons[key] = self.plan.epsilon(
+                steps, sigma, self.delta, self.accountant)
         return self._epsilons[key]
 
     def _update_epsilon(self):
-        sigma, batch_size = self._hyperparameters()
-        self.epsilon = self._epsilon_at(self._steps_taken(), sigma, batch_size)
+        self.epsilon = self._epsilon_at(self._steps_taken(), self._sigma())
         return self.epsilon
 
-    def _compute_max_steps(self, sigma, batch_size):
-        key = (sigma, batch_size)
+    def _compute_max_steps(self, sigma):
+        key = (self.plan, sigma)
         if key not in self._max_steps:
             if sigma == 0:
                 raise ValueError(
@@ -171,23 +215,45 @@ class PrivacyBudget(keras.callbacks.Callback):
                     f" target_epsilon={self.target_epsilon!r}: without noise"
                     " a single step has epsilon = inf."
                 )
-            self._max_steps[key] = accounting.calibrate_steps(
-                target_epsilon=self.target_epsilon,
-                num_examples=self.num_examples,
-                batch_size=batch_size,
-                noise_multiplier=sigma,
-                delta=self.delta,
-                accountant=self.accountant,
-            )
+            self._max_steps[key] = self.plan.max_steps(
+                self.target_epsilon, sigma, self.delta, self.accountant)
         return self._max_steps[key]
+
+    def accounting_line(self, planned_steps=None):
+        """The line printed at the start of training."""
+        sigma = self._sigma()
+        line = f"PrivacyBudget: epsilon accounts {self.plan.describe()}."
+        alternative = getattr(self.plan, "poisson_alternative", None)
+        alternative = alternative() if alternative else None
+        if alternative is not None and planned_steps and sigma > 0:
+            fixed = self.plan.epsilon(planned_steps, sigma, self.delta,
+                                      self.accountant)
+            poisson = alternative.epsilon(planned_steps, sigma, self.delta,
+                                          self.accountant)
+            line += (
+                f" After {planned_steps} steps: epsilon = {fixed:.4g};"
+                f" Poisson sampling of the same data (fit's default on"
+                f" in-memory data) would give {poisson:.4g}."
+            )
+        return line
 
     # ----------------------------------------------------------------------
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
-        sigma, batch_size = self._hyperparameters()
+        self.plan = self._read_plan()
+        sigma = self._sigma()
         steps = self._steps_taken()
-        self.epsilon = self._epsilon_at(steps, sigma, batch_size)
+        self.epsilon = self._epsilon_at(steps, sigma)
+        if self.verbose and self.plan != self._announced:
+            self._announced = self.plan  # Once, not at every fit call.
+            params = self.params or {}
+            per_epoch, epochs = params.get("steps"), params.get("epochs")
+            planned = None
+            if per_epoch and epochs:
+                k = getattr(self._dp_optimizer(), "dp_accumulation_steps", 1)
+                planned = steps + math.ceil(per_epoch * epochs / k)
+            print(self.accounting_line(planned), flush=True)
         if self.target_epsilon is None:
             return
         steps_per_execution = getattr(self.model, "steps_per_execution", 1)
@@ -197,7 +263,7 @@ class PrivacyBudget(keras.callbacks.Callback):
                 " with target_epsilon: the callback can only stop training"
                 " between executions."
             )
-        self.max_steps = self._compute_max_steps(sigma, batch_size)
+        self.max_steps = self._compute_max_steps(sigma)
         if steps >= self.max_steps:
             raise RuntimeError(
                 "The privacy budget is already spent: the optimizer has taken"
@@ -210,8 +276,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         steps = self._steps_taken()
         if logs is not None:
-            sigma, batch_size = self._hyperparameters()
-            self.epsilon = self._epsilon_at(steps, sigma, batch_size)
+            self.epsilon = self._epsilon_at(steps, self._sigma())
             logs["epsilon"] = self.epsilon
         if self.max_steps is not None and steps >= self.max_steps:
             self.model.stop_training = True

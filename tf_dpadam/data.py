@@ -29,9 +29,12 @@ the batch size as secret; as with every Poisson implementation with dynamic
 batches, the step's timing reveals it).
 
 Use the expected batch size B as the optimizer's `batch_size`, so that the
-denominator and Phi are public constants, and compile training metrics as
-`weighted_metrics` (Keras weights only those by the sample weights; plain
-`metrics` would count the padding rows).
+denominator and Phi are public constants (a private model's `fit` refuses
+anything else on these batches, and an optimizer whose
+`gradient_accumulation_steps` is not the pipeline's k). The padding rows
+count in neither the loss nor the training metrics, `metrics` and
+`weighted_metrics` alike. A private model's `fit` on in-memory data builds
+this pipeline itself (`tf_dpadam.private_fit`).
 
 The amplification by subsampling assumes that nobody can tell which examples
 a step sampled, so the sampling is keyed by a secret: by default 63 bits from

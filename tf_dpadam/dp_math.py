@@ -114,9 +114,37 @@ def per_example_global_norms(per_example_grads):
     return ops.sqrt(total)
 
 
-def clip_factors(norms, l2_norm_clip):
-    """min(1, C / ||g_i||), written so that a zero gradient gives 1, not nan."""
-    return l2_norm_clip / ops.maximum(norms, l2_norm_clip)
+def finite_examples(norms, losses=None):
+    """True for each example whose gradient norm (and loss) is finite.
+
+    An example with a NaN or infinite gradient (or loss), e.g. from an `inf`
+    feature, has a NaN or infinite norm (its squared norm sums the squares of
+    its gradient's coordinates, in float32); so does a finite gradient whose
+    squared norm overflows float32. Such examples are clipped to zero.
+    """
+    finite = ops.isfinite(norms)
+    if losses is not None:
+        finite = ops.logical_and(finite, ops.isfinite(losses))
+    return finite
+
+
+def clip_factors(norms, l2_norm_clip, finite=None):
+    """min(1, C / ||g_i||), written so that a zero gradient gives 1, not nan.
+
+    An example whose norm is not finite (NaN or inf), or that `finite` marks
+    False, gets the factor 0, computed without NaN arithmetic: its gradient
+    then contributes nothing to the clipped sum, so the sum's sensitivity
+    stays C whatever the data. (The sum must not multiply 0 by its
+    non-finite gradient: see `privatizer.clip_and_sum`.) The factors are
+    float32 whatever the dtype of `norms`.
+    """
+    norms = ops.cast(norms, "float32")
+    ok = finite_examples(norms)
+    if finite is not None:
+        ok = ops.logical_and(ok, finite)
+    clip = ops.cast(l2_norm_clip, "float32")
+    safe = ops.where(ok, norms, clip)
+    return ops.where(ok, clip / ops.maximum(safe, clip), ops.zeros_like(safe))
 
 
 def corrected_adam_direction(m_hat, v_hat, phi, gamma):

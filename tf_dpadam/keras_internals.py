@@ -127,3 +127,37 @@ def compute_loss(model, x, y, y_pred, sample_weight):
 def loss_tracker(model):
     """The metric behind the `loss` that `fit` reports."""
     return model._loss_tracker
+
+
+def update_compile_metrics(model, y, y_pred, sample_weight, row_mask):
+    """`model.compute_metrics`'s update of the compiled metrics, except that
+    the unweighted ones (`compile(metrics=...)`) count only the rows where
+    `row_mask` (a `[rows]` 0/1 tensor, or None for all rows) is 1.
+
+    Keras gives `metrics` no sample weight, so the padding rows of Poisson
+    batches (sample weight 0) would count as examples; `weighted_metrics`
+    get the sample weights as in Keras.
+    """
+    metrics = model._compile_metrics
+    if metrics is None:
+        return
+    if not metrics.built:
+        metrics.build(y, y_pred)
+    flat_y = metrics._flatten_y(y)
+    flat_pred = metrics._flatten_y(y_pred)
+    for metric, y_t, y_p in zip(metrics._flat_metrics, flat_y, flat_pred):
+        if metric:
+            if row_mask is None:
+                metric.update_state(y_t, y_p)
+            else:
+                metric.update_state(y_t, y_p, sample_weight=row_mask)
+    if sample_weight is not None:
+        weights = metrics._flatten_y(sample_weight)
+        if len(weights) < len(flat_y):
+            weights = [weights[0]] * len(flat_y)
+    else:
+        weights = [None] * len(flat_y)
+    for metric, y_t, y_p, weight in zip(metrics._flat_weighted_metrics,
+                                        flat_y, flat_pred, weights):
+        if metric:
+            metric.update_state(y_t, y_p, weight)

@@ -26,6 +26,24 @@ _UNSUPPORTED_KWARGS = {
     "loss_scale_factor": "loss scaling is not supported by the DP train step",
 }
 
+# Keras' gradient clipping runs on the averaged, already noised gradient. For
+# DPSGD and DPAdam that is post-processing of a private gradient (allowed);
+# DPAdamCorrected subtracts Phi from the second moment, and Phi is the noise's
+# variance in the *unclipped* noised gradient, which these arguments change.
+_PHI_CHANGING_WHY = (
+    "Keras clips the averaged gradient after the noise was added, which"
+    " changes the noise's variance, while the correction subtracts"
+    " Phi = (noise_multiplier * l2_norm_clip / B)^2, the variance in the"
+    " unclipped noised gradient; it would subtract the wrong Phi (with"
+    " clipnorm=0.01, mean(v_hat)/Phi was measured at 0.0000, every coordinate"
+    " on the gamma' floor). Each example's gradient is already clipped by"
+    " `l2_norm_clip`; to clip harder, lower l2_norm_clip"
+)
+_PHI_CHANGING_KWARGS = {
+    name: _PHI_CHANGING_WHY
+    for name in ("clipnorm", "global_clipnorm", "clipvalue")
+}
+
 
 class DPOptimizerMixin:
     """The DP part of every tf_dpadam optimizer (composed with a Keras one).
@@ -35,15 +53,21 @@ class DPOptimizerMixin:
             step uses for this optimizer.
     """
 
+    # Keras optimizer arguments that this class refuses on top of
+    # `_UNSUPPORTED_KWARGS` (name -> why).
+    _refused_kwargs = {}
+
     def _check_dp_args(self, l2_norm_clip, noise_multiplier, batch_size,
                        kwargs):
         """Validates before Keras' constructor runs; returns the DPConfig.
 
         Takes `gradient_accumulation_steps` out of `kwargs`: the private train
         step accumulates clipped gradients itself (Keras' own accumulation
-        would add noise to every micro-batch).
+        would add noise to every micro-batch). `from_config` goes through the
+        constructor, so a saved config is checked the same way.
         """
-        for name, why in _UNSUPPORTED_KWARGS.items():
+        refused = {**_UNSUPPORTED_KWARGS, **self._refused_kwargs}
+        for name, why in refused.items():
             if kwargs.get(name) is not None:
                 raise ValueError(
                     f"Expected {name}=None for {type(self).__name__}: {why}."
@@ -103,12 +127,16 @@ class DPOptimizerMixin:
         """Applies privatized gradients; called by the private train step only.
 
         Args:
-            grads: the privatized gradients (noised sum divided by B).
+            grads: the privatized gradients (noised sum divided by B), in
+                float32 whatever the variables' dtype; each is cast to its
+                variable's dtype here, after the noise (post-processing).
             trainable_variables: the variables they belong to.
             denominator: the B that the gradients were divided by.
         """
         if not self.built:
             self.build(trainable_variables)
+        grads = [ops.cast(g, v.dtype)
+                 for g, v in zip(grads, trainable_variables)]
         self._step_denominator.assign(ops.cast(denominator, "float32"))
         self._private_apply_depth += 1
         try:
@@ -200,12 +228,20 @@ _DP_ARGS_DOC = """
             sums are all-reduced once and noised once.
 """
 
+_POST_CLIP_DOC = """
+    Keras' `clipnorm`, `global_clipnorm` and `clipvalue` clip the averaged
+    gradient after the noise was added: post-processing of the private
+    gradient, so allowed here (privacy unchanged). They are no substitute for
+    `l2_norm_clip`, which bounds each example's gradient.
+"""
+
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
 class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
     __doc__ = (
         "DP-SGD: Keras SGD (with optional momentum) on the privatized gradient."
         "\n" + _DP_ARGS_DOC + "        Other arguments: as `keras.optimizers.SGD`.\n"
+        + _POST_CLIP_DOC
     )
 
     def __init__(
@@ -263,6 +299,7 @@ class DPAdam(_DPAdamBase):
         "    the second moment. `epsilon` is Keras Adam's (outside the root).\n"
         + _DP_ARGS_DOC
         + "        Other arguments: as `keras.optimizers.Adam`.\n"
+        + _POST_CLIP_DOC
     )
 
     def __init__(
@@ -333,9 +370,14 @@ class DPAdamCorrected(_DPAdamBase):
         epsilon: gamma' (inside the square root), or None for 0.04 * Phi.
         phi: None for the true (sigma C / B)^2, or a float >= 0 that replaces
             it (the paper's Phi' ablation).
-        **kwargs: other Keras optimizer arguments (`weight_decay`, `clipnorm`,
-            `use_ema`, ...).
+        **kwargs: other Keras optimizer arguments (`weight_decay`,
+            `use_ema`, ...). `clipnorm`, `global_clipnorm` and `clipvalue`
+            raise a `ValueError`: Keras applies them after the noise, which
+            changes the noise's variance, so Phi would be wrong (they are
+            allowed on DPSGD and DPAdam, where they are post-processing).
     """
+
+    _refused_kwargs = _PHI_CHANGING_KWARGS
 
     def __init__(
         self,
@@ -370,6 +412,16 @@ class DPAdamCorrected(_DPAdamBase):
         self._init_dp(dp_config)
         self.epsilon = None if epsilon is None else float(epsilon)
         self.phi = None if phi is None else float(phi)
+
+    def _clip_gradients(self, grads):
+        # Also refuses clipping switched on after construction.
+        for name in _PHI_CHANGING_KWARGS:
+            if getattr(self, name, None) is not None:
+                raise ValueError(
+                    f"Expected {name}=None for {type(self).__name__}:"
+                    f" {_PHI_CHANGING_WHY}."
+                )
+        return super()._clip_gradients(grads)
 
     def step_phi(self):
         """The Phi subtracted this step: `phi` if given, else (sigma C / B)^2."""

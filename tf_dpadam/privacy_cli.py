@@ -20,15 +20,25 @@ the statement of the run and then the steps the budget allows.
 
 (`python -m tf_dpadam.privacy`, the command's older name, runs the same.)
 
-All numbers come from `tf_dpadam.accounting` (Poisson sampling at rate
-q = batch_size / num_examples, add-or-remove-one adjacency). This module does
-not import TensorFlow.
+All numbers come from `tf_dpadam.accounting` (add-or-remove-one adjacency).
+By default they assume Poisson sampling at rate q = batch_size / num_examples,
+which tf_dpadam's Poisson batches give (the default of a private model's
+`fit` on in-memory data); every report says so and gives the epsilon of
+shuffled fixed batches beside it. `--sampling=shuffled` accounts shuffled
+fixed batches of batch_size, without amplification by subsampling (each pass
+one Gaussian mechanism per example):
+
+    python -m tf_dpadam.privacy_cli --num_examples=80 --batch_size=8 \
+        --noise_multiplier=1 --epochs=3 --delta=1e-5 --sampling=shuffled
+
+This module does not import TensorFlow.
 
 A bad value or combination ends with one line on stderr that names the flag,
 and exit code 2 (`run`, which the example binaries use too).
 """
 
 import functools
+import math
 import os
 import sys
 
@@ -142,6 +152,14 @@ def define_flags():
         list(accounting.ACCOUNTANTS),
         "Accountant of the calibrations (the statement reports both).",
     )
+    flags.DEFINE_enum(
+        "sampling",
+        "poisson",
+        list(accounting.SAMPLINGS),
+        "How the batches are drawn: 'poisson' (tf_dpadam's Poisson batches,"
+        " amplification by subsampling) or 'shuffled' (fixed batches, no"
+        " amplification).",
+    )
     flags.DEFINE_bool(
         "used_microbatching",
         False,
@@ -178,6 +196,51 @@ def _epochs_of(steps, num_examples, batch_size):
     return steps * batch_size / num_examples
 
 
+def _sampling_words(sampling, num_examples, batch_size):
+    if sampling == "shuffled":
+        return (f"shuffled fixed batches of {batch_size} of {num_examples}"
+                " examples (no amplification by subsampling)")
+    return f"Poisson sampling at q = {batch_size}/{num_examples}"
+
+
+def _epsilon(*, steps, num_examples, batch_size, noise_multiplier, delta,
+             accountant, sampling):
+    """Epsilon of T steps under `sampling`."""
+    if sampling == "shuffled":
+        return accounting.epsilon_without_amplification(
+            steps=steps, noise_multiplier=noise_multiplier, delta=delta,
+            batches_per_pass=math.ceil(num_examples / batch_size),
+            accountant=accountant)
+    return accounting.epsilon_after_steps(
+        steps=steps, num_examples=num_examples, batch_size=batch_size,
+        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+
+
+def sampling_report(*, num_examples, batch_size, noise_multiplier, delta,
+                    steps, sampling):
+    """The epsilons (RDP and PLD) of T steps under `sampling`, and under the
+    other sampling for comparison."""
+    setting = dict(steps=steps, num_examples=num_examples,
+                   batch_size=batch_size, noise_multiplier=noise_multiplier,
+                   delta=delta)
+    other = "shuffled" if sampling == "poisson" else "poisson"
+    lines = []
+    for which, title in ((sampling, "Assumed sampling"),
+                         (other, "For comparison")):
+        rdp, pld = (_epsilon(accountant=a, sampling=which, **setting)
+                    for a in ("rdp", "pld"))
+        lines.append(
+            f"{title}: {_sampling_words(which, num_examples, batch_size)}:"
+            f" after {steps} steps epsilon = {rdp:.4g} (RDP), {pld:.4g} (PLD)"
+            f" at delta = {delta:g}.")
+    if sampling == "poisson":
+        lines.append(
+            "Poisson sampling is what tf_dpadam's Poisson batches (and a"
+            " private model's fit on in-memory data) give; with shuffled"
+            " fixed batches pass --sampling=shuffled.")
+    return "\n".join(lines)
+
+
 def steps_report(
     *,
     num_examples,
@@ -186,18 +249,20 @@ def steps_report(
     target_epsilon,
     delta,
     accountant="rdp",
+    sampling="poisson",
 ):
     """Text giving the largest number of steps (and epochs) within a budget."""
     setting = dict(num_examples=num_examples, batch_size=batch_size,
                    noise_multiplier=noise_multiplier, delta=delta,
                    accountant=accountant)
     steps = accounting.calibrate_steps(target_epsilon=target_epsilon,
-                                       **setting)
-    eps = functools.partial(accounting.epsilon_after_steps, **setting)
+                                       sampling=sampling, **setting)
+    eps = functools.partial(_epsilon, sampling=sampling, **setting)
+    words = _sampling_words(sampling, num_examples, batch_size)
     return "\n".join([
         f"Budget epsilon = {target_epsilon:g} at delta = {delta:g}"
         f" ({accountant.upper()} accountant), noise multiplier"
-        f" {noise_multiplier:g}, q = {batch_size}/{num_examples}:",
+        f" {noise_multiplier:g}, {words}:",
         f"  steps = {steps}",
         f"  epochs = {_epochs_of(steps, num_examples, batch_size):.6g}"
         " (steps * batch_size / num_examples)",
@@ -249,8 +314,12 @@ def report(
     accountant="rdp",
     used_microbatching=False,
     max_examples_per_user=None,
+    sampling="poisson",
 ):
     """The text the command line prints, chosen by which values are given.
+
+    `sampling` ("poisson" or "shuffled") is the sampling the numbers assume;
+    the statement of a run gives the other's epsilon beside it.
 
     * noise_multiplier and one of epochs / steps: the privacy statement
       (`accounting.compute_dp_sgd_privacy_statement`);
@@ -270,6 +339,7 @@ def report(
         if value is None:
             raise ValueError(f"--{name} is required.")
     validation.check_sizes("num_examples", num_examples, batch_size)
+    accounting.check_sampling(sampling)
     if (epochs is not None) and (steps is not None):
         raise ValueError("Give at most one of --epochs and --steps.")
     length_given = epochs is not None or steps is not None
@@ -277,14 +347,15 @@ def report(
                    delta=delta, accountant=accountant)
     if noise_multiplier is not None and target_epsilon is not None:
         budget = steps_report(noise_multiplier=noise_multiplier,
-                              target_epsilon=target_epsilon, **setting)
+                              target_epsilon=target_epsilon,
+                              sampling=sampling, **setting)
         if not length_given:
             return budget
         statement = report(
             num_examples=num_examples, batch_size=batch_size, delta=delta,
             noise_multiplier=noise_multiplier, epochs=epochs, steps=steps,
             used_microbatching=used_microbatching,
-            max_examples_per_user=max_examples_per_user)
+            max_examples_per_user=max_examples_per_user, sampling=sampling)
         return statement + "\n\n" + budget
     if not length_given:
         raise ValueError(
@@ -294,6 +365,12 @@ def report(
             " calibrate the steps."
         )
     if target_epsilon is not None:
+        if sampling != "poisson":
+            raise ValueError(
+                "The noise multiplier is calibrated for Poisson sampling"
+                " only; with --sampling=shuffled give --noise_multiplier"
+                " (with --epochs or --steps for epsilon, or with"
+                " --target_epsilon for the steps).")
         return noise_multiplier_report(target_epsilon=target_epsilon,
                                        epochs=epochs, steps=steps, **setting)
     if noise_multiplier is None:
@@ -301,6 +378,14 @@ def report(
     if epochs is None:
         validation.check_steps(steps)
         epochs = _epochs_of(steps, num_examples, batch_size)
+    else:
+        steps = accounting.steps_for_epochs(epochs, num_examples, batch_size)
+    comparison = sampling_report(
+        num_examples=num_examples, batch_size=batch_size,
+        noise_multiplier=noise_multiplier, delta=delta, steps=steps,
+        sampling=sampling)
+    if sampling == "shuffled":
+        return comparison
     return accounting.compute_dp_sgd_privacy_statement(
         num_examples,
         batch_size,
@@ -309,7 +394,7 @@ def report(
         delta,
         used_microbatching=used_microbatching,
         max_examples_per_user=max_examples_per_user,
-    )
+    ) + "\n\n" + comparison
 
 
 def main(argv):
@@ -328,6 +413,7 @@ def main(argv):
             accountant=f.accountant,
             used_microbatching=f.used_microbatching,
             max_examples_per_user=f.max_examples_per_user,
+            sampling=f.sampling,
         )
     except ValueError as error:
         raise app.UsageError(str(error)) from error

@@ -16,10 +16,12 @@ from keras import ops
 from tf_dpadam import augmentation
 from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
+from tf_dpadam import independence
 from tf_dpadam import keras_internals
 from tf_dpadam import lora_state
 from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import pipeline
+from tf_dpadam import private_fit
 from tf_dpadam import privatizer
 from tf_dpadam import vectorized_clipping
 from tf_dpadam.ghost_clipping import registry
@@ -120,12 +122,13 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
-class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
+class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
+                   keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
     def __init__(self, base_model, seed=None, clipping="auto",
                  diagnostics=False, secure_mode=False, augment=None,
-                 augmult=1, **kwargs):
+                 augmult=1, *, check_independence=True, **kwargs):
         super().__init__(**kwargs)
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
@@ -147,6 +150,11 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
                 f"Expected diagnostics={diagnostics!r} to be True or False."
             )
         augmentation.check_arguments(augment, augmult)
+        if not isinstance(check_independence, bool):
+            raise ValueError(
+                f"Expected check_independence={check_independence!r} to be"
+                " True or False."
+            )
         if diagnostics:
             warnings.warn(DIAGNOSTICS_WARNING, stacklevel=2)
         if not isinstance(base_model, keras.Model):
@@ -156,6 +164,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         if isinstance(base_model, PrivateModel):
             raise ValueError("Expected base_model not to be private already.")
         check_no_example_mixing(base_model)
+        registry.warn_data_adapted_layers(base_model, stacklevel=3)
         self.base_model = base_model
         # LoRA factors are saved unmerged and restored after the layers.
         self._lora_factors = lora_state.LoraFactors(base_model)
@@ -183,6 +192,10 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         # Set only by `tf_dpadam.audit`: its gradient canaries and, for
         # testing the auditor, deliberate breaks of the privatizer.
         self._audit = _Untracked(None)
+        # `independence.check` on the first training batch, once per
+        # compiled loss (the last one that passed is kept here).
+        self.check_independence = check_independence
+        self._independence_checked = _Untracked(None)
         if base_model.built:
             self.built = True
 
@@ -193,6 +206,11 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         optimizer = keras.optimizers.get(optimizer)
         _require_dp_optimizer(optimizer)
         super().compile(optimizer, *args, **kwargs)
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # Keras wraps it under "mixed_float16"; the private step applies
+            # float32 privatized gradients through the DP optimizer itself
+            # (loss scaling would scale what is clipped).
+            self.optimizer = self.optimizer.inner_optimizer
         if (self.built and self.trainable_variables
                 and not self.optimizer.built):
             # Now rather than in the first train step: creating the
@@ -206,6 +224,27 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         # Keras skips models that override `compile`; ours only adds a check.
         config = keras.saving.deserialize_keras_object(config)
         self.compile(**config)  # builds the optimizer of a built model
+
+    def make_train_function(self, force=False):
+        # `fit` and `train_on_batch` both train through `train_function`:
+        # its first call checks that the examples are independent, eagerly
+        # on the very batch it trains on (`independence`), before the
+        # compiled step (graph or XLA) runs.
+        made = self.train_function
+        result = super().make_train_function(force=force)
+        if self.check_independence and self.train_function is not made:
+            self.train_function = independence.checked_on_first_call(
+                self.train_function, self._check_independence_once,
+                self.steps_per_execution,
+            )
+        return result
+
+    def _check_independence_once(self, data):
+        compile_loss = keras_internals.compile_loss(self)
+        if self._independence_checked.value is compile_loss:
+            return
+        if independence.check(self, data):
+            self._independence_checked.value = compile_loss
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras' TensorFlow trainer takes the shapes of a distributed batch
@@ -243,10 +282,16 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             self._clean_gradients.value.build(variables)
         x, y, sample_weight, present = self._views(x, y, sample_weight)
 
-        # Phases 1 and 2: per-example gradients, clipped and summed.
-        summed, _, losses, y_pred = self._sum_of_clipped_gradients(
+        # Phases 1 and 2: per-example gradients, clipped and summed (in
+        # float32; an example with a NaN or infinite gradient or loss
+        # contributes nothing, counted by the diagnostics only).
+        summed, norms, losses, y_pred = self._sum_of_clipped_gradients(
             x, y, sample_weight, present, self._clip_norm(config)
         )
+        if self.diagnostics:
+            self._clean_gradients.value.record_non_finite(
+                norms, losses, present
+            )
         count = ops.sum(present)
         accumulator = optimizer.dp_accumulator  # None unless k > 1
 
@@ -275,13 +320,20 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         compile_loss = keras_internals.compile_loss(self)
         if compile_loss is not None and compile_loss.metrics:
             compile_loss(y, y_pred, sample_weight)
+        # A NaN or infinite example loss counts as 0 in the logged loss, so
+        # that the log does not show such an example.
+        losses = ops.where(ops.isfinite(losses), losses,
+                           ops.zeros_like(losses))
         keras_internals.loss_tracker(self).update_state(
             ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
             sample_weight=ops.sum(present),
         )
-        return _logs_for_keras_reduction(
-            self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        keras_internals.update_compile_metrics(
+            self, y, y_pred, sample_weight,
+            _present_examples(x, sample_weight) if sample_weight is not None
+            else None,
         )
+        return _logs_for_keras_reduction(self.get_metrics_result())
 
     def _build_on_first_call(self, x):
         if not all(layer.built
@@ -323,7 +375,38 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
 
     def _sum_of_clipped_gradients(self, x, y, sample_weight, present,
                                   l2_norm_clip):
-        """The sum of clipped per-example gradients (phases 1 and 2).
+        """The sum of clipped per-example gradients (phases 1 and 2), in
+        float32, an example with a NaN or infinite gradient or loss adding
+        nothing.
+
+        Such an example gets the clip factor 0; should its 0 * inf make a
+        sum NaN anyway, the sums are computed again with it replaced by a
+        finite example marked absent (`privatizer.without_non_finite`; one
+        `tf.cond` for the step: only a batch holding such an example pays,
+        and nothing is held for it otherwise). Returns as
+        `_clipped_sum_by_mode`, the norms, losses and predictions being
+        those of the first computation.
+        """
+        summed, norms, losses, y_pred = self._clipped_sum_by_mode(
+            x, y, sample_weight, present, l2_norm_clip)
+
+        def recompute():
+            (x2, y2, w2), present2 = privatizer.without_non_finite(
+                (x, y, sample_weight), present, norms, losses,
+                self.augmult)
+            return tf.cond(
+                tf.reduce_any(present2 > 0),
+                lambda: self._clipped_sum_by_mode(
+                    x2, y2, w2, present2, l2_norm_clip)[0],
+                lambda: [tf.zeros_like(s) for s in summed])
+
+        summed = tf.cond(privatizer.all_finite(summed), lambda: summed,
+                         recompute)
+        return summed, norms, losses, y_pred
+
+    def _clipped_sum_by_mode(self, x, y, sample_weight, present,
+                             l2_norm_clip):
+        """The sum of clipped per-example gradients, by the clipping mode.
 
         Ghost clipping where the model allows it (decided while tracing),
         else per-example gradients by a vectorized map. Both give the same
@@ -454,6 +537,19 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
         """
         return self._clean_gradients.value.variables
 
+    @property
+    def non_finite_examples(self):
+        """The number of examples with a NaN or infinite gradient or loss
+        in all DP steps so far, or None (NOT private).
+
+        Such an example gets the clip factor 0 and contributes nothing to
+        the private gradient; this count, kept with `diagnostics=True` only
+        (a float32 scalar variable, summed over replicas, not saved), is the
+        only place that shows it was there. None with `diagnostics=False`
+        and before the variables exist.
+        """
+        return self._clean_gradients.value.non_finite_count
+
     def get_config(self):
         return {
             "name": self.name,
@@ -463,6 +559,7 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
             "diagnostics": self.diagnostics,
             "secure_mode": self.secure_mode,
             "augmult": self.augmult,
+            "check_independence": self.check_independence,
             # Raises for a callable that a saved model could not hold.
             "augment": augmentation.serialize(self.augment),
             "base_model": keras.saving.serialize_keras_object(self.base_model),
@@ -483,7 +580,8 @@ class PrivateModel(pipeline.PreprocessingMixin, keras.Model):
 
 
 def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
-                 secure_mode=False, augment=None, augmult=1):
+                 secure_mode=False, augment=None, augmult=1,
+                 check_independence=True):
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -559,16 +657,31 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
             vectorized path maps over the examples with their K views as a
             batch. K > 1 needs `augment`; with K = 1, `augment` is plain
             data augmentation inside the private step.
+        check_independence: True (default): before the first training step
+            (of `fit` or `train_on_batch`, and again after `compile` with
+            another loss), check eagerly on that step's batch that the
+            examples are independent (`tf_dpadam.independence`): replacing
+            one example must change no other example's training-mode
+            outputs (random layers replayed with the same seeds), and the
+            compiled loss must be a per-example loss (no in-batch negatives
+            as in a CLIP-style contrastive loss, no batch statistics).
+            Otherwise training would not be differentially private (or,
+            with clipping="vectorized", would train on batches of one), and
+            a `ValueError` names the layer or the loss. It costs a few
+            forward passes, once. False turns the check off: only for a
+            model and loss you have verified yourself.
 
     Returns:
         A `PrivateModel`.
 
     Raises:
         ValueError: if a layer mixes examples (the layer is named), or for
-            an invalid argument (named).
+            an invalid argument (named); when training starts, if the model
+            or the loss mixes examples (`check_independence`).
     """
     return PrivateModel(
         model, seed=seed, clipping=clipping, diagnostics=diagnostics,
         secure_mode=secure_mode, augment=augment, augmult=augmult,
+        check_independence=check_independence,
         name=f"private_{model.name}",
     )

@@ -15,6 +15,14 @@ added over replicas, the noise is drawn once (on the first replica) and the
 denominator is the global B. With gradient accumulation the per-replica sums
 of a logical step are all-reduced once, in cross-replica context
 (`sum_replica_copies`).
+
+Phases 2 to 4 compute in float32 whatever the model's dtype policy (even
+`bfloat16` or `float16` variables): the norms, the clip factors, the clipped
+sum, the noise and the division by B. Only the privatized gradient is cast
+to each variable's dtype, by the optimizer (post-processing). An example
+whose gradient or loss is NaN or infinite contributes nothing (clip factor
+0, its rows replaced by zeros), so one such example cannot turn the sum into
+NaN and reveal itself.
 """
 
 import os
@@ -148,28 +156,87 @@ def per_example_gradients(example_loss_fn, variables, examples):
     return vectorization.vectorized_map(one_example, packed)
 
 
-def clip_and_sum(per_example_grads, l2_norm_clip, mask=None):
-    """Clips each example's gradient to global L2 norm C, then sums.
+def clip_and_sum(per_example_grads, l2_norm_clip, mask=None, finite=None):
+    """Clips each example's gradient to global L2 norm C, then sums, in float32.
+
+    The norms, the clip factors and the sum are float32 whatever the dtype of
+    the gradients (e.g. bfloat16 under a `bfloat16` dtype policy): a sum
+    rounded to the gradients' dtype would err in proportion to |sum|, not to
+    C, and removing one example could move it by more than C.
+
+    An example whose gradient (or, with `finite`, loss) is not finite gets
+    the clip factor 0; should its 0 * inf make a sum NaN, the private train
+    step recomputes the sums without it (`without_non_finite`).
 
     Args:
         per_example_grads: list of `[batch, ...]` tensors, one per variable.
         l2_norm_clip: C.
         mask: optional `[batch]` tensor of 0/1; rows with 0 (padding, absent
             examples) contribute nothing.
+        finite: optional `[batch]` bool tensor; False rows (e.g. a NaN loss)
+            contribute nothing.
 
     Returns:
-        `(summed, norms)`: the list of sums of clipped gradients and the
-        per-example norms before clipping.
+        `(summed, norms)`: the list of float32 sums of clipped gradients and
+        the per-example norms before clipping (NaN or inf for an example
+        whose gradient is not finite).
     """
     norms = dp_math.per_example_global_norms(per_example_grads)
-    factors = dp_math.clip_factors(norms, l2_norm_clip)
+    factors = dp_math.clip_factors(norms, l2_norm_clip, finite=finite)
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     summed = [
-        tf.tensordot(ops.cast(factors, g.dtype), g, axes=[[0], [0]])
+        tf.tensordot(factors, ops.cast(g, "float32"), axes=[[0], [0]])
         for g in per_example_grads
     ]
     return summed, norms
+
+
+def all_finite(tensors):
+    """Whether every entry of every tensor is finite (a scalar bool)."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t))
+                          for t in tensors])
+
+
+def without_non_finite(examples, present, norms, losses, group_size=1):
+    """The rows of a step with its non-finite examples made harmless.
+
+    An example whose gradient norm or loss is NaN or infinite gets the clip
+    factor 0, but a sum over examples can still turn its 0 * inf into NaN
+    (ghost clipping contracts the recorded inputs and output gradients of
+    all examples at once; the vectorized map sums materialized gradients).
+    For the recomputation of such a step, each row of such an example is
+    replaced by the same row of the first finite example (finite inputs,
+    labels and weights) and marked absent, so that it adds exactly 0 and
+    no NaN; the other examples are unchanged. Without a finite example,
+    every example is absent.
+
+    Args:
+        examples: `(x, y, sample_weight)`, structures of tensors with K rows
+            per example (`group_size` K, consecutive), None for absent
+            entries.
+        present: `[B]` 1.0 for the examples of the step, 0.0 for absent ones.
+        norms, losses: `[B]` per-example gradient norms and losses.
+        group_size: K.
+
+    Returns:
+        `(examples, present)`: the rows, and `present` without the
+        non-finite examples.
+    """
+    finite = tf.logical_and(tf.math.is_finite(norms),
+                            tf.math.is_finite(losses))
+    kept = tf.logical_and(finite, present > 0)
+    present = present * tf.cast(finite, present.dtype)
+    rows = tf.shape(tf.nest.flatten(examples[0])[0])[0]
+    row = tf.range(rows)
+    first = tf.argmax(tf.cast(kept, tf.int32), output_type=tf.int32)
+    source = tf.where(tf.gather(finite, row // group_size), row,
+                      first * group_size + row % group_size)
+
+    def take(t):
+        return None if t is None else tf.gather(t, source)
+
+    return tf.nest.map_structure(take, examples), present
 
 
 # Secure mode draws each noise value as the sum of this many normals of std
@@ -219,18 +286,21 @@ def add_noise(grads, stddev, seed, share=1.0, secure_mode=False):
         secure_mode: each value the sum of several normals (`gaussian`).
 
     Returns:
-        The noised tensors. With `stddev == 0` they are returned unchanged.
+        The noised tensors, float32 whatever the dtype of `grads` (the noise
+        is drawn in float32: a Gaussian drawn in bfloat16 or float16 is
+        coarsely quantized). With `stddev == 0` they are returned unchanged,
+        cast to float32.
     """
+    grads = [ops.cast(g, "float32") for g in grads]
     if stddev == 0:
-        return list(grads)
-    grads = list(grads)
+        return grads
     # Never the same seed twice: equal-shaped tensors would get equal noise.
     seeds = tf.unstack(tf.random.experimental.stateless_split(
         tf.cast(seed, tf.int64), num=len(grads), alg="philox"
     ))
     return [
-        g + ops.cast(share, g.dtype) * gaussian(
-            ops.shape(g), stddev, g.dtype, s, secure_mode=secure_mode
+        g + ops.cast(share, "float32") * gaussian(
+            ops.shape(g), stddev, "float32", s, secure_mode=secure_mode
         )
         for g, s in zip(grads, seeds)
     ]
@@ -265,8 +335,15 @@ class NoiseSeeds:
 
 
 def scale(grads, denominator):
-    """Divides by the public denominator B."""
-    return [g / ops.cast(denominator, g.dtype) for g in grads]
+    """Divides by the public denominator B, in float32.
+
+    The result stays float32: it is cast to each variable's dtype only when
+    the optimizer applies it (`DPOptimizerMixin.apply_private`).
+    """
+    return [
+        ops.cast(g, "float32") / ops.cast(denominator, "float32")
+        for g in grads
+    ]
 
 
 def sum_over_replicas(values):

@@ -13,12 +13,14 @@ splitting of a step's rows into k physical batches with the overflow check
 
 import math
 import typing
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import privatizer
 from tf_dpadam import validation
+from tf_dpadam.accounting import plans
 
 # The seeds of the public nonce stream: any pair but (0, 0), which TensorFlow
 # replaces with nondeterministic seeds.
@@ -295,6 +297,60 @@ def pad_and_split(rows, size, layout):
     )
 
 
+# The datasets (and `dataset_fn`s) of the Poisson pipelines, with their
+# `plans.PoissonPlan`: how `fit` and `PrivacyBudget` know that a dataset's
+# batches are the Poisson samples the accounting assumes.
+_POISSON_PLANS = weakref.WeakKeyDictionary()
+
+# tf.data transformations that keep each batch's rows as they are, so that
+# a Poisson pipeline stays one through them (`dataset.map(transform)`,
+# `.repeat()`, ...). Anything else (`unbatch`, `batch`, `shuffle`, `take`,
+# `filter`, ...) could change which examples a step holds: the result is
+# no longer known to be Poisson and is accounted without amplification.
+_ROW_PRESERVING = frozenset((
+    "_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
+    "_RepeatDataset", "_OptionsDataset", "_AssertCardinalityDataset",
+))
+
+
+def register_poisson(dataset, plan):
+    """Records that `dataset` (or a `dataset_fn`) yields Poisson batches."""
+    _POISSON_PLANS[dataset] = plan
+    return dataset
+
+
+def poisson_plan_of(data):
+    """The `PoissonPlan` of a Poisson pipeline's dataset, else None.
+
+    Follows row-preserving transformations (`_ROW_PRESERVING`) back to the
+    pipeline; a `tf.distribute` dataset made by
+    `strategy.distribute_datasets_from_function(batches.dataset_fn)` is
+    known by its `dataset_fn`. (Reads tf.data's and tf.distribute's private
+    `_inputs()` and `_dataset_fn`; unknown datasets are simply not Poisson.)
+    """
+    dataset_fn = getattr(data, "_dataset_fn", None)
+    if dataset_fn is not None:
+        try:
+            return _POISSON_PLANS.get(dataset_fn)
+        except TypeError:
+            return None
+    while isinstance(data, tf.data.Dataset):
+        plan = _POISSON_PLANS.get(data)
+        if plan is not None:
+            return plan
+        inputs = data._inputs()  # pylint: disable=protected-access
+        if type(data).__name__ not in _ROW_PRESERVING or len(inputs) != 1:
+            return None
+        data = inputs[0]
+    return None
+
+
+def layout_plan(layout):
+    """The `plans.PoissonPlan` of a step layout."""
+    return plans.PoissonPlan(layout.num_examples, layout.expected_batch_size,
+                             layout.accumulation_steps)
+
+
 def pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
               first_step=0):
     """The `PoissonBatches` of `sample_step(nonce)`, one call per step."""
@@ -305,6 +361,7 @@ def pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
         .unbatch()
         .prefetch(tf.data.AUTOTUNE)
     )
+    register_poisson(dataset, layout_plan(layout))
     return PoissonBatches(
         dataset=dataset,
         sampling_rate=layout.sampling_rate,

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tf_dpadam import sampling
 from tf_dpadam import validation
+from tf_dpadam.accounting import plans
 
 
 class ShardedPoissonBatches(typing.NamedTuple):
@@ -173,6 +174,12 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
     x, y = data[0], data[1]
     weight = data[2] if len(data) == 3 else np.ones(num_examples, "float32")
 
+    # The whole step (all workers): N, B and the k of each worker's
+    # replicas; the accounting is that of the union. Registered for the
+    # `dataset_fn` (a strategy's distributed dataset) and for each dataset
+    # it makes (the default strategy hands that dataset to `fit`).
+    plan = plans.PoissonPlan(num_examples, expected_batch_size, k)
+
     def dataset_fn(input_context=None):
         input_context = input_context or tf.distribute.InputContext()
         workers = input_context.num_input_pipelines
@@ -201,14 +208,15 @@ def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
                 rows, tf.size(indices), worker_layout
             )
 
-        return (
-            # pylint: disable-next=protected-access
+        return sampling.register_poisson(
             sampling.step_nonces(first_step)
             .map(sample_step, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch()
-            .prefetch(tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE),
+            plan,
         )
 
+    sampling.register_poisson(dataset_fn, plan)
     return ShardedPoissonBatches(
         dataset_fn=dataset_fn,
         num_examples=num_examples,

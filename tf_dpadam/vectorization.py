@@ -20,10 +20,21 @@ shared matrix is one 2-D `MatMul` of the flattened per-example operand (also
 faster), and any other broadcast is made explicit before a 3-D batch matmul
 of equal batch sizes. The change is exact and applies only inside this
 module's `vectorized_map` (TensorFlow's registry is restored afterwards).
+
+The converters live in a private registry of TensorFlow. So that the fix can
+never switch off unnoticed, the first `vectorized_map` of the process runs a
+known-answer check (`known_answer_problem`): products of small integer
+matrices, exact in float32, of the broadcast shapes above, vectorized with
+the converters installed, eagerly and in a `tf.function`, against products
+computed in plain Python, and the converters must have been called. If the
+registry could not be imported or the check fails, every `vectorized_map`
+of the process runs as a `tf.map_fn` loop over the examples instead (exact,
+slower; one warning says why): never wrong numbers.
 """
 
 import contextlib
 import threading
+import warnings
 
 import tensorflow as tf
 
@@ -31,10 +42,23 @@ try:  # TensorFlow internals: the vectorizer's converter registry.
     from tensorflow.python.ops.parallel_for import pfor as _pfor
     _REGISTRY = _pfor._pfor_converter_registry
     _wrap = _pfor.wrap
-except (ImportError, AttributeError):  # pragma: no cover
+except (ImportError, AttributeError):  # Checked: see `known_answer_problem`.
     _pfor, _REGISTRY, _wrap = None, None, None
 
 _LOCK = threading.RLock()
+# How many batch matmuls this module's converter has vectorized (the check
+# reads it to see that TensorFlow's vectorizer really called it).
+_CONVERSIONS = [0]
+# The cached outcome of the known-answer check: [] before it ran, then
+# [None] (exact) or [why not].
+_KNOWN_ANSWER = []
+
+LOOP_WARNING = (
+    "tf_dpadam cannot vectorize the per-example computations exactly ({why})."
+    " TensorFlow 2.21's oneDNN batch matmul is wrong for the broadcasts that"
+    " tf.vectorized_map makes, so every per-example map of this process runs"
+    " as a tf.map_fn loop over the examples instead: exact, but slower."
+)
 
 
 def _shared_matrix(t):
@@ -95,6 +119,7 @@ def _explicit_broadcast_matmul(x, x_stacked, y, y_stacked, loop_len):
 
 def _convert_batch_matmul(pfor_input):
     """Converter of `BatchMatMulV2` for the vectorizer."""
+    _CONVERSIONS[0] += 1
     x, x_stacked, _ = pfor_input.input(0)
     y, y_stacked, _ = pfor_input.input(1)
     if x.shape.rank is None or y.shape.rank is None:
@@ -134,8 +159,12 @@ _CONVERTERS = {"BatchMatMulV2": _convert_batch_matmul}
 
 @contextlib.contextmanager
 def exact_converters():
-    """Installs this module's converters in the vectorizer, then restores."""
-    if _REGISTRY is None:  # pragma: no cover
+    """Installs this module's converters in the vectorizer, then restores.
+
+    Without the registry it installs nothing; `vectorized_map` then never
+    vectorizes (`known_answer_problem`).
+    """
+    if _REGISTRY is None:
         yield
         return
     with _LOCK:
@@ -151,18 +180,109 @@ def exact_converters():
                     _REGISTRY[name] = converter
 
 
+def _matrix(rows, cols, seed):
+    """A small integer matrix (a list of lists), different for each seed."""
+    return [[(seed * 7 + r * 3 + c * 5) % 7 - 3 for c in range(cols)]
+            for r in range(rows)]
+
+
+def _python_matmul(a, b):
+    return [[sum(a[i][k] * b[k][j] for k in range(len(b)))
+             for j in range(len(b[0]))] for i in range(len(a))]
+
+
+@tf.autograph.experimental.do_not_convert
+def _check_broadcast_products():
+    """The known-answer check; None if exact, else why not (a string).
+
+    Per example i: `x_i[None] @ w` ([1, 5, 6] by a shared [6, 4], the shape
+    oneDNN gets wrong) and `v @ x_i[None]` ([3, 5] by [1, 5, 6]). Integers
+    below 4 in magnitude: every product is exact in float32.
+    """
+    if _REGISTRY is None:
+        return ("TensorFlow's vectorizer converter registry"
+                " `tensorflow.python.ops.parallel_for.pfor."
+                "_pfor_converter_registry` could not be imported")
+    examples = [_matrix(5, 6, i) for i in range(12)]
+    w, v = _matrix(6, 4, 100), _matrix(3, 5, 200)
+    want = (tf.constant([_python_matmul(x, w) for x in examples], "float32"),
+            tf.constant([_python_matmul(v, x) for x in examples], "float32"))
+    x = tf.constant(examples, "float32")
+    w, v = tf.constant(w, "float32"), tf.constant(v, "float32")
+
+    def one(example):
+        return (tf.matmul(example[None], w)[0],
+                tf.matmul(v, example[None])[0])
+
+    def mapped(elems):
+        with exact_converters():
+            return tf.vectorized_map(one, elems)
+
+    for mode, run in (("eagerly", mapped),
+                      ("in a tf.function", tf.function(mapped))):
+        before = _CONVERSIONS[0]
+        got = run(x)
+        if _CONVERSIONS[0] == before:
+            return (f"TensorFlow's vectorizer did not call tf_dpadam's batch"
+                    f" matmul converter ({mode})")
+        for g, e in zip(got, want):
+            error = float(tf.reduce_max(tf.abs(g - e)))
+            if not error == 0.0:  # Also catches NaN.
+                return (f"a known-answer check of the vectorized broadcast"
+                        f" product was off by {error} ({mode})")
+    return None
+
+
+@tf.autograph.experimental.do_not_convert
+def known_answer_problem():
+    """Why this process cannot use the exact vectorizer, or None if it can.
+
+    Runs the known-answer check once per process (outside any graph being
+    traced), then returns the cached outcome; the first problem found
+    warns once.
+    """
+    with _LOCK:
+        if not _KNOWN_ANSWER:
+            try:
+                with tf.init_scope():
+                    problem = _check_broadcast_products()
+            except Exception as error:  # pylint: disable=broad-except
+                problem = (f"the known-answer check raised"
+                           f" {type(error).__name__}: {str(error)[:300]}")
+            _KNOWN_ANSWER.append(problem)
+            if problem is not None:
+                warnings.warn(LOOP_WARNING.format(why=problem), stacklevel=3)
+        return _KNOWN_ANSWER[0]
+
+
+def _loop_map(fn, elems):
+    """`fn` over the examples by `tf.map_fn` (a while loop): no vectorizer."""
+    elems = tf.nest.map_structure(tf.convert_to_tensor, elems)
+    spec = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape[1:], t.dtype), elems)
+    # The output signature, from a trace of `fn` on one example (no run).
+    outputs = tf.function(fn, autograph=False).get_concrete_function(
+        spec).structured_outputs
+    signature = tf.nest.map_structure(
+        lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
+    return tf.map_fn(fn, elems, fn_output_signature=signature)
+
+
 def vectorized_map(fn, elems, what="the per-example gradients"):
     """`tf.vectorized_map(fn, elems, fallback_to_while_loop=True)`, exact.
 
     The same as TensorFlow's, with batch matrix products vectorized without
     the broadcasts that TensorFlow 2.21's oneDNN kernel gets wrong (see the
-    module docstring).
+    module docstring). If this process failed the known-answer check
+    (`known_answer_problem`), a `tf.map_fn` loop over the examples instead.
 
     Raises:
         ValueError: naming `what`, if TensorFlow cannot vectorize `fn` (e.g.
             a `tf.while_loop` whose state TensorFlow's vectorizer does not
             convert, as in an RNN that is not unrolled after an Embedding).
     """
+    if known_answer_problem() is not None:
+        return _loop_map(fn, elems)
     with exact_converters():
         try:
             return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)

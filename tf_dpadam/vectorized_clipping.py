@@ -21,14 +21,20 @@ def clipped_gradient_sum(model, x, y, sample_weight, l2_norm_clip,
 
     The same contract as `ghost_clipping.clipped_gradient_sum` with the
     model's compiled loss (`group_size` included): returns `(summed, norms,
-    losses, y_pred)`, one sum per `model.trainable_variables`, the
+    losses, y_pred)`, one float32 sum per `model.trainable_variables`, the
     per-example norms before clipping, the per-example losses (with
     regularization) and the batch's predictions (one row per row of `x`).
+    An example whose gradient or loss is NaN or infinite contributes
+    nothing (its norm is then NaN or inf).
     """
     grads, losses, y_pred = per_example_gradients(
         model, x, y, sample_weight, group_size=group_size
     )
-    summed, norms = privatizer.clip_and_sum(grads, l2_norm_clip, mask=mask)
+    # An example with a NaN or infinite loss contributes nothing, as one
+    # with a non-finite gradient (`privatizer.clip_and_sum`).
+    summed, norms = privatizer.clip_and_sum(
+        grads, l2_norm_clip, mask=mask, finite=ops.isfinite(losses)
+    )
     return summed, norms, losses, y_pred
 
 

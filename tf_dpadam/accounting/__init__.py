@@ -16,8 +16,10 @@ An accountant (dp-accounting's `RdpAccountant` or `PLDAccountant`, both under
 add-or-remove-one adjacency) turns the event into an epsilon for a given delta.
 Every (epsilon, delta) reported here is therefore the guarantee of releasing
 all T intermediate models, under the assumption that batches are formed by
-Poisson sampling. With shuffled fixed-size batches the same numbers are the
-customary approximation, not a proven bound.
+Poisson sampling. Shuffled fixed-size batches have no such amplification
+(Chua et al., ICML 2024, "How Private are DP-SGD Implementations?"): their
+epsilon is that of `passes` (each pass over the data one Gaussian mechanism
+per example), and `plans` says which of the two a training used.
 
 RDP orders:
 
@@ -41,7 +43,9 @@ Nothing here prints or imports TensorFlow. The modules:
 * `epsilon`: the event, the orders and the epsilon of T steps
   (`compute_dp_sgd_privacy`, `epsilon_after_steps`, `steps_for_epochs`);
 * `calibration`: `calibrate_steps` and `calibrate_noise_multiplier`;
-* `statement`: `compute_dp_sgd_privacy_statement`, with user-level DP.
+* `statement`: `compute_dp_sgd_privacy_statement`, with user-level DP;
+* `passes`: the epsilon of fixed batches, without amplification;
+* `plans`: how a training's batches were drawn, and its epsilon.
 
 This package re-exports their public names.
 """
@@ -54,7 +58,12 @@ from tf_dpadam.accounting.epsilon import dp_sgd_event
 from tf_dpadam.accounting.epsilon import epsilon_after_steps
 from tf_dpadam.accounting.epsilon import PLD_VALUE_DISCRETIZATION_INTERVAL
 from tf_dpadam.accounting.epsilon import RDP_ORDERS
+from tf_dpadam.accounting.epsilon import SAMPLINGS
+from tf_dpadam.accounting.epsilon import check_sampling
 from tf_dpadam.accounting.epsilon import steps_for_epochs
 from tf_dpadam.accounting.epsilon import TF_PRIVACY_RDP_ORDERS
 from tf_dpadam.accounting.epsilon import training_steps
 from tf_dpadam.accounting.statement import compute_dp_sgd_privacy_statement
+from tf_dpadam.accounting import passes
+from tf_dpadam.accounting import plans
+from tf_dpadam.accounting.passes import epsilon_without_amplification

@@ -10,6 +10,7 @@ import math
 
 from tf_dpadam import validation
 from tf_dpadam.accounting import epsilon as accounting_epsilon
+from tf_dpadam.accounting import passes
 
 # The searches give up past these bounds (see `calibrate_steps` and
 # `calibrate_noise_multiplier`).
@@ -28,8 +29,16 @@ def calibrate_steps(
     noise_multiplier,
     delta,
     accountant="rdp",
+    sampling="poisson",
 ):
     """The largest number of steps T whose epsilon stays within the target.
+
+    `sampling="poisson"` (default) assumes Poisson sampling at
+    q = batch_size / num_examples (tf_dpadam's Poisson batches, the default
+    of a private model's `fit` on in-memory data). `sampling="shuffled"`:
+    shuffled fixed batches of batch_size, without amplification (each pass
+    of ceil(N / B) steps one Gaussian mechanism per example,
+    `tf_dpadam.accounting.passes`).
 
     Returns T >= 1 with
 
@@ -65,6 +74,20 @@ def calibrate_steps(
     validation.check_positive_real("noise_multiplier", noise_multiplier)
     validation.check_delta(delta)
     validation.check_accountant(accountant)
+    accounting_epsilon.check_sampling(sampling)
+    if sampling == "shuffled":
+        steps = passes.max_steps_without_amplification(
+            target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
+            delta=delta, accountant=accountant,
+            batches_per_pass=math.ceil(num_examples / batch_size))
+        if steps == 0:
+            raise ValueError(
+                f"Expected target_epsilon={target_epsilon!r} >= the epsilon"
+                " of a single pass of shuffled fixed batches without"
+                " amplification (noise_multiplier="
+                f"{noise_multiplier!r}, delta={delta!r})."
+            )
+        return steps
     eps = functools.partial(
         accounting_epsilon.epsilon_after_steps,
         num_examples=num_examples, batch_size=batch_size,

@@ -194,8 +194,25 @@ def epsilon_at_rate(q, sigma, steps, delta, accountant):
     return float(pld.get_epsilon(delta))
 
 
-def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta):
+SAMPLINGS = ("poisson", "shuffled")
+
+
+def check_sampling(sampling):
+    validation.check(sampling in SAMPLINGS, "sampling", sampling,
+                     f"to be one of {SAMPLINGS}")
+
+
+def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta, *,
+                           sampling="poisson"):
     """Epsilon of DP-SGD, with the same numbers as TF-Privacy's function.
+
+    It assumes Poisson sampling (`sampling="poisson"`, TF-Privacy's
+    assumption): each step draws every example with probability
+    q = batch_size / n, as tf_dpadam's Poisson batches do (the default of a
+    private model's `fit` on in-memory data). Shuffled fixed-size batches
+    have no such amplification: `sampling="shuffled"` gives their epsilon,
+    each of the ceil(T / ceil(n / batch_size)) passes one Gaussian mechanism
+    per example (`tf_dpadam.accounting.passes`), on the same orders.
 
     The event SelfComposedDpEvent(PoissonSampledDpEvent(q,
     GaussianDpEvent(sigma)), T) with q = batch_size / n and
@@ -233,9 +250,15 @@ def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta):
     validation.check_positive_real("noise_multiplier", noise_multiplier)
     validation.check_epochs(epochs)
     validation.check_delta(delta)
+    check_sampling(sampling)
     steps = steps_for_epochs(epochs, n, batch_size)
-    rdp = rdp_curve(batch_size / n, noise_multiplier, steps,
-                    TF_PRIVACY_RDP_ORDERS)
+    if sampling == "shuffled":
+        passes = math.ceil(steps / math.ceil(n / batch_size))
+        rdp = passes * rdp_curve(1.0, noise_multiplier, 1,
+                                 TF_PRIVACY_RDP_ORDERS)
+    else:
+        rdp = rdp_curve(batch_size / n, noise_multiplier, steps,
+                        TF_PRIVACY_RDP_ORDERS)
     return rdp_epsilon_and_order(rdp, delta, TF_PRIVACY_RDP_ORDERS)
 
 

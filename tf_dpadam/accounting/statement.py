@@ -140,8 +140,9 @@ def compute_dp_sgd_privacy_statement(
         lines += _user_level_lines(q, float(sigma), steps, delta,
                                    max_examples_per_user)
     lines.append(
-        "If batches were drawn by shuffling rather than Poisson sampling,"
-        " these epsilons are the usual approximation, not a proven bound."
+        "These epsilons hold only for Poisson-sampled batches; shuffled"
+        " fixed batches have no amplification by subsampling and a larger"
+        " epsilon (tf_dpadam.accounting.epsilon_without_amplification)."
     )
     return "\n".join(lines)
 

@@ -15,12 +15,16 @@
   raises for `EXAMPLE_MIXING_LAYERS` in every clipping mode, the rest make
   ghost clipping fall back to the vectorized path (or raise with
   `clipping="ghost"`).
+* **warned** (`DATA_ADAPTED_LAYERS`): preprocessing layers whose state
+  comes from `adapt`, outside the private steps; `make_private` warns once.
 
 Adding a layer: a rule module, one line in `GHOST_RULES` (a keras-hub layer:
 in `keras_hub.RULES`, by name, registered once keras_hub is imported), one
 test; the README's table (`markdown_table`) is checked against this module
 by tests/ghost_clipping_registry_test.py.
 """
+
+import warnings
 
 import keras
 
@@ -64,6 +68,71 @@ OPAQUE_LAYERS = (keras.layers.RNN, keras.layers.Wrapper)
 # one example's gradient then depends on the others, so per-example
 # clipping does not bound one example's influence. Refused everywhere.
 EXAMPLE_MIXING_LAYERS = (keras.layers.BatchNormalization,)
+
+# Layers whose state comes from `adapt(data)`, not from the private steps:
+# the model is only private if they were adapted on public data. Class ->
+# whether an instance was given its state explicitly in the constructor
+# (then it needs no `adapt` and gets no warning). Keras 3.15 records no
+# "adapted" flag, so the test is the constructor's: a layer built to be
+# adapted (no vocabulary / mean / bin_boundaries) is warned about whether
+# `adapt` ran before `make_private` or runs after it; the same holds for a
+# loaded model (these constructor arguments are in the saved config, the
+# adapted state is not). Any other layer with an `adapt` method (e.g.
+# keras.utils.FeatureSpace) always counts as data-adapted.
+DATA_ADAPTED_LAYERS = {
+    keras.layers.Normalization: lambda layer: layer.input_mean is not None,
+    keras.layers.Discretization: lambda layer: layer.num_bins is None,
+    keras.layers.StringLookup: (
+        lambda layer: layer.input_vocabulary is not None),
+    keras.layers.IntegerLookup: (
+        lambda layer: layer.input_vocabulary is not None),
+    keras.layers.TextVectorization: (
+        lambda layer: layer.get_config()["vocabulary"] is not None),
+}
+
+ADAPTED_LAYERS_WARNING = (
+    "The layers {names} take their state (vocabulary, mean and variance, bins)"
+    " from `adapt(data)`, not from the private training steps: no noise"
+    " protects it and no epsilon accounts for it. The model is only"
+    " differentially private if they were adapted on public data, or given"
+    " their vocabulary / mean and variance / bin_boundaries explicitly from"
+    " public knowledge (then this warning does not appear)."
+)
+
+
+def takes_state_from_adapt(layer):
+    """Whether `layer`'s state comes (or will come) from `adapt`."""
+    for cls in type(layer).__mro__:
+        if cls in DATA_ADAPTED_LAYERS:
+            return not DATA_ADAPTED_LAYERS[cls](layer)
+    return callable(getattr(layer, "adapt", None))
+
+
+def data_adapted_layers(model):
+    """The layers of `model` whose state comes from `adapt` (outermost only:
+    the StringLookup inside a TextVectorization is not listed again)."""
+    found, inside = [], set()
+    for layer in keras_internals.all_layers(model):
+        if id(layer) in inside or not takes_state_from_adapt(layer):
+            continue
+        found.append(layer)
+        inside.update(id(sub) for sub in keras_internals.all_layers(layer))
+    return found
+
+
+def warn_data_adapted_layers(model, stacklevel=2):
+    """One `UserWarning` naming every data-adapted layer of `model`, if any.
+
+    Returns:
+        The layers named (maybe []).
+    """
+    found = data_adapted_layers(model)
+    if found:
+        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})"
+                          for layer in found)
+        warnings.warn(ADAPTED_LAYERS_WARNING.format(names=names),
+                      stacklevel=stacklevel + 1)
+    return found
 
 
 def _lora(layer):

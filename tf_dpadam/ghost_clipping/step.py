@@ -10,6 +10,12 @@
 4. **factors**: `c_i = min(1, C / norm_i)` times the mask;
 5. **sum**: each variable's `sum_i c_i grad_i` from its blocks.
 
+Steps 3 to 5 compute in float32 whatever the model's dtype policy (the
+rules cast what they recorded), and the sums are float32. An example whose
+gradient or loss is NaN or infinite (its norm is then NaN or inf) gets the
+clip factor 0; should its 0 * inf make a sum NaN, the private train step
+recomputes the sums without it (`privatizer.without_non_finite`).
+
 With augmentation multiplicity (`group_size` K) the batch holds K rows (views)
 per example: the rules record rows, each row's loss weighs 1/K, and step 3
 first turns each row block into the block of the groups of K rows
@@ -135,11 +141,13 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
             `grouped`). `mask`, the norms and the losses are per example.
 
     Returns:
-        `(summed, norms, losses, y_pred)`: one tensor per
+        `(summed, norms, losses, y_pred)`: one float32 tensor per
         `model.trainable_variables` (the sum over examples of
-        `min(1, C / norm_i) * mask_i * grad_i`), the per-example gradient
-        norms `[B]` before clipping, the per-example losses `[B]` (with the
-        regularization term) and the batched predictions.
+        `min(1, C / norm_i) * mask_i * grad_i`, an example with a NaN or
+        infinite gradient or loss contributing nothing), the per-example
+        gradient norms `[B]` before clipping (NaN or inf for such
+        examples), the per-example losses `[B]` (with the regularization
+        term) and the batched predictions.
 
     Raises:
         GhostClippingUnsupportedError: at trace time, if the model cannot use
@@ -187,8 +195,10 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         losses = ops.mean(ops.reshape(losses, (-1, group_size)), axis=1)
     regularization, reg_grads = _regularization(model)
     norms = _norms(variables, blocks, reg_grads, rows // group_size)
-    # 4. Clip factors.
-    factors = dp_math.clip_factors(norms, l2_norm_clip)
+    # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
+    # is NaN or infinite.
+    factors = dp_math.clip_factors(norms, l2_norm_clip,
+                                   finite=ops.isfinite(losses))
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     # 5. The weighted sums.
@@ -349,7 +359,9 @@ def _norms(variables, blocks, reg_grads, batch_size):
 
 
 def _weighted_sums(variables, blocks, reg_grads, factors):
-    """`sum_i factors_i grad_i` per variable (zeros without gradient)."""
+    """`sum_i factors_i grad_i` per variable (zeros without gradient), in
+    float32 (the blocks compute in float32: their rules cast the recorded
+    tensors), whatever the variable's dtype."""
     summed = []
     for v in variables:
         parts = [block.weighted_sum(factors) for block in blocks.get(id(v), [])]
@@ -360,9 +372,9 @@ def _weighted_sums(variables, blocks, reg_grads, factors):
             s = parts[0]
             for part in parts[1:]:
                 s = s + part
-            s = tf.reshape(ops.cast(s, v.dtype), v.shape)
+            s = tf.reshape(ops.cast(s, "float32"), v.shape)
         else:
-            s = tf.zeros(v.shape, v.dtype)
+            s = tf.zeros(v.shape, "float32")
         summed.append(s)
     return summed
 

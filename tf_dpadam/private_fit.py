@@ -1,0 +1,244 @@
+"""`fit` that samples the way the accounting assumes, and says how it did.
+
+The epsilon of DP-SGD (and of both DP Adams) is that of Poisson sampling only
+if the batches were Poisson samples. A private model's `fit` therefore:
+
+* on in-memory data (NumPy arrays, tensors, lists, dicts / tuples of them)
+  draws Poisson batches itself (`tf_dpadam.data.poisson_batches`): the
+  `batch_size` is the *expected* B (default: the optimizer's), q = B / N with
+  N the examples trained on (after `validation_split`), each step's rows
+  padded to a capacity M and split into the optimizer's k physical batches
+  (`gradient_accumulation_steps`), so that memory stays bounded by about
+  M / k rows. Without XLA each physical batch is padded only to the next
+  multiple of `GRAPH_PAD_MULTIPLE` rows. `fit(..., sampling="shuffled")`
+  opts out: Keras' shuffled fixed batches, accounted without amplification;
+* on any other data records how it was sampled: tf_dpadam's Poisson
+  pipelines (also through `map`, `repeat`, `prefetch`) are Poisson; a
+  user's `tf.data.Dataset`, `keras.utils.PyDataset` or generator is not.
+
+The record is `model.sampling_plan` (a `tf_dpadam.accounting.plans` plan),
+which `tf_dpadam.PrivacyBudget` accounts. Under Poisson sampling the
+optimizer must divide by the public expected B (its `batch_size`) and
+accumulate the pipeline's k batches: anything else raises a `ValueError`
+before the first step.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_dpadam import data as dp_data
+from tf_dpadam import sampling as sampling_lib
+from tf_dpadam.accounting import plans
+
+SAMPLINGS = ("poisson", "shuffled")
+
+# Without XLA, each physical Poisson batch is padded to the next multiple of
+# this many rows (dynamic shapes; XLA gets static padded batches).
+GRAPH_PAD_MULTIPLE = 8
+
+# Keras' default batch size.
+_KERAS_BATCH_SIZE = 32
+
+
+def is_in_memory(x):
+    """Whether `x` is data `fit` can sample by row: arrays and tensors (or
+    lists / dicts / tuples of them), not a dataset, sequence or iterator."""
+    if x is None or isinstance(
+            x, (tf.data.Dataset, keras.utils.PyDataset,
+                tf.distribute.DistributedDataset)):
+        return False
+    if hasattr(x, "__next__") or callable(x):
+        return False
+    leaves = keras.tree.flatten(x)
+    return bool(leaves) and all(
+        isinstance(v, (np.ndarray, tf.Tensor, list, np.generic))
+        or hasattr(v, "__array__") for v in leaves)
+
+
+def _as_arrays(value):
+    if value is None:
+        return None
+    if isinstance(value, list) and not any(
+            isinstance(v, (np.ndarray, tf.Tensor, list, dict))
+            for v in value):
+        return np.asarray(value)  # a list of rows (numbers, strings)
+    return keras.tree.map_structure(np.asarray, value)
+
+
+def _num_rows(arrays):
+    return len(keras.tree.flatten(arrays)[0])
+
+
+def _split(structure, start, end):
+    if structure is None:
+        return None
+    return keras.tree.map_structure(lambda v: v[start:end], structure)
+
+
+def expected_batch_size(optimizer, batch_size, where="fit"):
+    """The public expected B of Poisson sampling: the optimizer's.
+
+    Raises:
+        ValueError: if the optimizer divides by each step's realized size
+            (`batch_size=None`), or `batch_size` disagrees with it.
+    """
+    denominator = optimizer.batch_size
+    if denominator is None:
+        raise ValueError(
+            f"{where} draws Poisson batches, whose size is random and"
+            " data-dependent, but the optimizer's batch_size=None divides"
+            " each step by that realized size (it would then show in the"
+            " update's scale, while the accounting treats it as secret)."
+            " Give the optimizer the public expected batch size, e.g."
+            f" {type(optimizer).__name__}(..., batch_size=256), or opt out of"
+            " Poisson sampling with fit(..., sampling='shuffled') (accounted"
+            " without amplification)."
+        )
+    if batch_size is not None and int(batch_size) != denominator:
+        raise ValueError(
+            f"Expected {where}'s batch_size={batch_size!r} (the expected"
+            " Poisson batch size B of a logical step) to equal the"
+            f" optimizer's batch_size={denominator!r} (the denominator, and"
+            " Phi's B). Pass the same B to both, or leave fit's batch_size"
+            " out."
+        )
+    return denominator
+
+
+def physical_batch_size(num_examples, batch_size, accumulation_steps):
+    """b for k physical batches per Poisson step (None: k = 1, b = M)."""
+    if accumulation_steps == 1:
+        return None
+    needed, _ = sampling_lib.poisson_capacity(num_examples, batch_size, 1)
+    return math.ceil(needed / accumulation_steps)
+
+
+def check_poisson_plan(plan, optimizer):
+    """The optimizer divides by the plan's B and accumulates its k batches.
+
+    Raises:
+        ValueError: naming the fix.
+    """
+    expected_batch_size(optimizer, plan.expected_batch_size,
+                        where="The Poisson batches")
+    k = optimizer.dp_accumulation_steps
+    if k != plan.accumulation_steps:
+        raise ValueError(
+            f"The Poisson batches split each logical step into"
+            f" {plan.accumulation_steps} physical batches"
+            " (`batches.accumulation_steps`), but the optimizer has"
+            f" gradient_accumulation_steps={k}: its steps would not be the"
+            " sampled steps the accounting counts. Set the optimizer's"
+            " gradient_accumulation_steps to batches.accumulation_steps."
+        )
+
+
+def plan_of_data(x, accumulation_steps):
+    """The sampling plan of data that `fit` does not sample itself."""
+    plan = sampling_lib.poisson_plan_of(x)
+    if plan is not None:
+        return plan
+    k = accumulation_steps
+    if isinstance(x, tf.data.Dataset):
+        cardinality = int(x.cardinality())
+        batches = cardinality if cardinality > 0 else None
+        return plans.FixedBatchesPlan("a tf.data.Dataset", batches, k)
+    if isinstance(x, keras.utils.PyDataset):
+        batches = x.num_batches
+        return plans.FixedBatchesPlan(
+            "a keras.utils.PyDataset",
+            int(batches) if batches else None, k)
+    if isinstance(x, tf.distribute.DistributedDataset):
+        return plans.FixedBatchesPlan("a distributed dataset", None, k)
+    return plans.FixedBatchesPlan("a generator", None, k)
+
+
+class SamplingFitMixin:
+    """`fit` with Poisson batches on in-memory data; see the module."""
+
+    sampling_plan = None
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1,
+            sample_weight=None, validation_split=0.0, validation_data=None,
+            shuffle=True, steps_per_epoch=None, sampling="poisson",
+            **kwargs):
+        """Keras' `fit`, with `sampling` ("poisson" or "shuffled")."""
+        if sampling not in SAMPLINGS:
+            raise ValueError(
+                f"Expected sampling={sampling!r} to be one of {SAMPLINGS}.")
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None or not hasattr(optimizer, "dp_config"):
+            return super().fit(  # Keras' (or make_private's) own error.
+                x, y, batch_size=batch_size, epochs=epochs,
+                sample_weight=sample_weight,
+                validation_split=validation_split,
+                validation_data=validation_data, shuffle=shuffle,
+                steps_per_epoch=steps_per_epoch, **kwargs)
+        k = optimizer.dp_accumulation_steps
+        if not is_in_memory(x):
+            self.sampling_plan = plan_of_data(x, k)
+            if self.sampling_plan.amplified:
+                check_poisson_plan(self.sampling_plan, optimizer)
+            return super().fit(
+                x, y, batch_size=batch_size, epochs=epochs,
+                sample_weight=sample_weight,
+                validation_split=validation_split,
+                validation_data=validation_data, shuffle=shuffle,
+                steps_per_epoch=steps_per_epoch, **kwargs)
+
+        x, y, sample_weight = (_as_arrays(v) for v in (x, y, sample_weight))
+        rows = _num_rows(x)
+        if validation_split and validation_data is None:
+            # As Keras: the last fraction of the rows, before any sampling.
+            cut = int(math.floor(rows * (1.0 - validation_split)))
+            validation_data = tuple(
+                v for v in (_split(x, cut, rows), _split(y, cut, rows),
+                            _split(sample_weight, cut, rows))
+                if v is not None)
+            x, y, sample_weight = (_split(v, 0, cut)
+                                   for v in (x, y, sample_weight))
+            rows = cut
+        if sampling == "shuffled":
+            b = batch_size or _KERAS_BATCH_SIZE
+            self.sampling_plan = plans.FixedBatchesPlan(
+                "shuffled fixed batches" if shuffle else "fixed batches",
+                math.ceil(rows / b), k, num_examples=rows,
+                logical_batch_size=min(b * k, rows))
+            return super().fit(
+                x, y, batch_size=batch_size, epochs=epochs,
+                sample_weight=sample_weight, validation_data=validation_data,
+                shuffle=shuffle, steps_per_epoch=steps_per_epoch, **kwargs)
+
+        if y is None:
+            raise ValueError(
+                "fit on in-memory data draws Poisson batches of (x, y) and"
+                " needs y; for a model without targets pass a"
+                " tf_dpadam.data.poisson_batches dataset.")
+        b = expected_batch_size(optimizer, batch_size)
+        logical_steps = None
+        if steps_per_epoch is not None:
+            if steps_per_epoch % k:
+                raise ValueError(
+                    f"Expected steps_per_epoch={steps_per_epoch!r} (physical"
+                    f" batches) to be a multiple of the optimizer's"
+                    f" gradient_accumulation_steps={k}.")
+            logical_steps = steps_per_epoch // k
+        arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
+        batches = dp_data.poisson_batches(
+            arrays, expected_batch_size=b,
+            physical_batch_size=physical_batch_size(rows, b, k),
+            steps_per_epoch=logical_steps, seed=getattr(self, "seed", None),
+            pad_to_multiple_of=(None if self.jit_compile
+                                else GRAPH_PAD_MULTIPLE),
+            first_step=int(keras.ops.convert_to_numpy(optimizer.iterations)),
+        )
+        self.sampling_plan = sampling_lib.poisson_plan_of(batches.dataset)
+        check_poisson_plan(self.sampling_plan, optimizer)
+        dataset = batches.dataset.apply(tf.data.experimental.assert_cardinality(
+            batches.steps_per_epoch * batches.accumulation_steps))
+        return super().fit(dataset, epochs=epochs,
+                           validation_data=validation_data, shuffle=False,
+                           **kwargs)
