@@ -286,10 +286,12 @@ def write_report(*, ablations, base, sweeps, seed, spread_seeds, runs_dir,
             plots.plot_ablation(os.path.join(output_dir, pngs[name]),
                                 ablation, records, seed, phi)
     defaults = common.PAPER_DEFAULTS[ablation_sweeps.TASK]
+    # The main experiment's published runs were calibrated with RDP.
     full_steps = tf_dpadam.calibrate_steps(
         target_epsilon=MAIN_TARGET_EPSILON, num_examples=MAIN_NUM_EXAMPLES,
         batch_size=defaults["batch_size"],
-        noise_multiplier=defaults["noise_multiplier"], delta=base.delta)
+        noise_multiplier=defaults["noise_multiplier"], delta=base.delta,
+        accountant="rdp")
     sizes = sorted({r.num_examples for r in records.values()})
     steps = sorted({r.steps for r in records.values()})
     scale = scale_sentence(

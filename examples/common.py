@@ -151,6 +151,11 @@ def make_optimizer(config, accumulation_steps=1):
     )
 
 
+# The binaries' accountant: PLD, the tighter (`PrivacyBudget`'s and
+# `calibrate_steps`' default too).
+ACCOUNTANT = "pld"
+
+
 def total_steps(config, num_examples):
     """T: calibrated to --target_epsilon, or epochs * N / B."""
     if config.target_epsilon is not None:
@@ -160,6 +165,7 @@ def total_steps(config, num_examples):
             batch_size=config.batch_size,
             noise_multiplier=config.noise_multiplier,
             delta=config.delta,
+            accountant=ACCOUNTANT,
         )
     return max(1, round(config.epochs * num_examples / config.batch_size))
 
@@ -172,6 +178,7 @@ def spent_epsilon(config, steps, num_examples):
         steps=steps, num_examples=num_examples,
         batch_size=config.batch_size,
         noise_multiplier=config.noise_multiplier, delta=config.delta,
+        accountant=ACCOUNTANT,
     )
 
 

@@ -35,6 +35,14 @@ SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
 ELAPSED = "elapsed.json"
 # Held (flock) by the process that trains the run.
 LOCK = "run.lock"
+# What `examples.training` keeps in a model_dir: the checkpoint and the one
+# before it (both whole: written to a temporary file, then renamed), the
+# privacy ledger (the settings and the steps of every process that trained,
+# `training.RunLedger`), and the lock of the process that trains (flock).
+CHECKPOINT = "checkpoint.keras"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.keras"
+LEDGER = "ledger.json"
+TRAIN_LOCK = "train.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +315,7 @@ def execute_all(configs, *, data, train_fn, command, machine):
 def _train(model_dir, config, *, data, train_fn, command, machine):
     """Trains (or resumes) the run in `model_dir`; its `Record`."""
     sidecar = os.path.join(model_dir, SIDECAR)
-    resumed = os.path.exists(os.path.join(model_dir, "checkpoint.keras"))
+    resumed = os.path.exists(os.path.join(model_dir, CHECKPOINT))
     state = {"config": comparable_config(config), "data": data,
              "status": "running", "resumed": resumed}
     write_json(sidecar, state)

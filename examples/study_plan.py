@@ -142,7 +142,7 @@ def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
 
     high = tf_dpadam.calibrate_noise_multiplier(
         target_epsilon=target_epsilon, num_examples=num_examples,
-        batch_size=batch_size, steps=steps, delta=delta)
+        batch_size=batch_size, steps=steps, delta=delta, accountant="rdp")
     low = high / 1.01  # eps(low) > target >= eps(high).
     while epsilon(high) < target_epsilon - tolerance:
         middle = 0.5 * (low + high)

@@ -148,7 +148,8 @@ class CalibrateStepsTest(parameterized.TestCase):
 
     def test_target_equal_to_an_epsilon_is_inclusive(self):
         steps = accounting.calibrate_steps(
-            target_epsilon=_eps(37, **SMALL), delta=DELTA, **SMALL
+            target_epsilon=_eps(37, **SMALL), delta=DELTA, accountant="rdp",
+            **SMALL
         )
         self.assertEqual(steps, 37)
 
@@ -168,7 +169,7 @@ class CalibrateStepsTest(parameterized.TestCase):
             num_examples=n, batch_size=batch_size, noise_multiplier=sigma
         )
         steps = accounting.calibrate_steps(
-            target_epsilon=7.0, delta=DELTA, **setting
+            target_epsilon=7.0, delta=DELTA, accountant="rdp", **setting
         )
         self._assert_bracket(steps, 7.0, "rdp", **setting)
         self.assertBetween(steps, low, high)
@@ -223,14 +224,15 @@ class CalibrateNoiseMultiplierTest(parameterized.TestCase):
         ):
             sigma = accounting.calibrate_noise_multiplier(
                 target_epsilon=7.0, num_examples=50_000, batch_size=2048,
-                epochs=20, delta=DELTA,
+                epochs=20, delta=DELTA, accountant="rdp",
             )
         self.assertEqual(out.getvalue(), "")
         self.assertBetween(sigma, 0.9, 1.0)
 
     def test_epochs_and_steps_agree(self):
         common = dict(
-            target_epsilon=2.0, num_examples=60000, batch_size=256, delta=DELTA
+            target_epsilon=2.0, num_examples=60000, batch_size=256, delta=DELTA,
+            accountant="rdp",
         )
         self.assertEqual(
             accounting.calibrate_noise_multiplier(epochs=60, **common),
@@ -490,11 +492,12 @@ class WithoutAmplificationTest(parameterized.TestCase):
         self.assertEqual(
             accounting.calibrate_steps(
                 target_epsilon=budget, num_examples=80, batch_size=8,
-                noise_multiplier=1.0, delta=1e-5, sampling="shuffled"), 30)
+                noise_multiplier=1.0, delta=1e-5, sampling="shuffled",
+                accountant="rdp"), 30)
         self.assertGreater(
             accounting.calibrate_steps(
                 target_epsilon=budget, num_examples=80, batch_size=8,
-                noise_multiplier=1.0, delta=1e-5), 100)
+                noise_multiplier=1.0, delta=1e-5, accountant="rdp"), 100)
         with self.assertRaisesRegex(ValueError, "single pass"):
             accounting.calibrate_steps(
                 target_epsilon=0.1, num_examples=80, batch_size=8,

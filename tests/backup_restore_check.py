@@ -86,7 +86,8 @@ def main(work_dir, kill_at):
             batch_size=BATCH, learning_rate=1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    budget = tf_dpadam.PrivacyBudget(num_examples=NUM_EXAMPLES, delta=DELTA)
+    budget = tf_dpadam.PrivacyBudget(num_examples=NUM_EXAMPLES, delta=DELTA,
+                                     accountant="rdp")
     history = model.fit(
         x, y, batch_size=BATCH, epochs=TOTAL_STEPS, shuffle=False, verbose=0,
         callbacks=[

@@ -97,7 +97,7 @@ def _iterations(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
-def _eps(steps, accountant="rdp"):
+def _eps(steps, accountant="pld"):  # PrivacyBudget's default.
     return accounting.epsilon_after_steps(
         steps=steps,
         num_examples=N,
@@ -142,7 +142,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
         history = _fit(model, [budget], epochs=2)
         expected = [
             accounting.passes.gaussian_epsilon(SIGMA / np.sqrt(passes),
-                                               DELTA, "rdp")
+                                               DELTA, "pld")
             for passes in (1, 2)
         ]
         self.assertEqual(history.history["epsilon"], expected)
@@ -268,6 +268,38 @@ class PrivacyBudgetTest(parameterized.TestCase):
     def test_invalid_arguments(self, kwargs, message):
         with self.assertRaisesRegex(ValueError, message):
             callbacks.PrivacyBudget(**kwargs)
+
+
+class BudgetAcrossRestartsTest(absltest.TestCase):
+    """Issue 34: the budget holds whatever the callback order."""
+
+    def test_backup_and_restore_after_the_budget_takes_no_step(self):
+        # PrivacyBudget first (the order its docstring recommends): its
+        # on_train_begin runs before BackupAndRestore's restores the
+        # spent model, so the check must also come before the first batch.
+        target = _eps(13)
+        backup = tempfile.mkdtemp()
+
+        def script():
+            """The same training script, run twice."""
+            model = _model(FakeDPOptimizer(learning_rate=0.01))
+            budget = callbacks.PrivacyBudget(N, DELTA, target_epsilon=target)
+            restore = keras.callbacks.BackupAndRestore(
+                backup, double_checkpoint=True, delete_checkpoint=False)
+            return model, budget, lambda: _fit(model, [budget, restore],
+                                               epochs=5)
+
+        model, budget, fit = script()
+        fit()
+        self.assertEqual(_iterations(model), 13)  # Trained to the budget.
+        model, budget, fit = script()
+        self.assertEqual(_iterations(model), 0)  # A fresh model ...
+        with self.assertRaisesRegex(RuntimeError, "already spent"):
+            fit()
+        # ... restored to the spent one, and not one step more.
+        self.assertEqual(_iterations(model), 13)
+        self.assertEqual(budget.epsilon, _eps(13))
+        self.assertLessEqual(budget.epsilon, target)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def sharded_poisson_training():
     with _scope(True):
         model = _sharded_model(batches.accumulation_steps)
     budget = tf_dpadam.PrivacyBudget(num_examples=batches.num_examples,
-                                     delta=1e-5)
+                                     delta=1e-5, accountant="rdp")
     model.fit(_STRATEGY.distribute_datasets_from_function(batches.dataset_fn),
               steps_per_epoch=batches.micro_steps_per_epoch, epochs=1,
               callbacks=[budget], verbose=0)

@@ -621,6 +621,37 @@ class NoiseStatisticsTest(parameterized.TestCase):
         _assert_share(self, update, 0.0, 0.5, "positive updates")
 
 
+class LearningRateValidationTest(parameterized.TestCase):
+    """Issue 34: a NaN, infinite or negative learning rate is refused (it
+    trained to NaN weights); 0, schedules and callables are accepted."""
+
+    _OPTIMIZERS = (tf_dpadam.DPSGD, tf_dpadam.DPAdam,
+                   tf_dpadam.DPAdamCorrected)
+
+    def _make(self, cls, learning_rate):
+        return cls(l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=8,
+                   learning_rate=learning_rate)
+
+    @parameterized.product(index=[0, 1, 2],
+                           value=[float("nan"), float("inf"), -0.01])
+    def test_refused(self, index, value):
+        with self.assertRaisesRegex(
+                ValueError, f"Expected learning_rate={value!r} to be a"
+                " finite number >= 0"):
+            self._make(self._OPTIMIZERS[index], value)
+
+    @parameterized.parameters(0, 1, 2)
+    def test_accepted_as_keras_accepts_them(self, index):
+        cls = self._OPTIMIZERS[index]
+        self.assertEqual(float(self._make(cls, 0.0).learning_rate), 0.0)
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+        optimizer = self._make(cls, schedule)
+        restored = cls.from_config(optimizer.get_config())
+        self.assertIsInstance(restored._learning_rate,
+                              keras.optimizers.schedules.ExponentialDecay)
+        self._make(cls, lambda: 0.01)
+
+
 if __name__ == "__main__":
     absltest.main()
 

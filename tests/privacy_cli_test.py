@@ -146,7 +146,7 @@ class ReportTest(parameterized.TestCase):
                       " steps epsilon = 9.01 (RDP), 8.385 (PLD)", shuffled)
         budget = privacy_cli.report(
             num_examples=80, batch_size=8, noise_multiplier=1.0, delta=1e-5,
-            target_epsilon=9.0, sampling="shuffled")
+            target_epsilon=9.0, sampling="shuffled", accountant="rdp")
         self.assertIn("steps = 20", budget)
         with self.assertRaisesRegex(ValueError, "Poisson sampling only"):
             privacy_cli.report(num_examples=80, batch_size=8, epochs=3,

@@ -30,6 +30,7 @@ import tensorflow as tf
 from keras import ops
 
 import tf_dpadam
+from tf_dpadam import private_fit
 from tf_dpadam import sharding
 from tf_dpadam.accounting import RDP_ORDERS
 from tf_dpadam.accounting import plans
@@ -250,7 +251,8 @@ class PoissonPathsTest(parameterized.TestCase):
     @parameterized.parameters(False, True)
     def test_reported_epsilon_is_the_poisson_one(self, jit_compile):
         model = _probe(noise_multiplier=SIGMA, jit_compile=jit_compile)
-        budget = tf_dpadam.PrivacyBudget(delta=DELTA, verbose=0)
+        budget = tf_dpadam.PrivacyBudget(delta=DELTA, verbose=0,
+                                         accountant="rdp")
         model.fit(_ids(), _targets(), epochs=2, callbacks=[budget],
                   verbose=0)
         steps = int(ops.convert_to_numpy(model.optimizer.iterations))
@@ -266,7 +268,7 @@ class FixedPathsTest(parameterized.TestCase):
         model = _probe(noise_multiplier=noise_multiplier)
         recorder = _StepCounts()
         budget = tf_dpadam.PrivacyBudget(num_examples=N, delta=DELTA,
-                                         verbose=0)
+                                         verbose=0, accountant="rdp")
         model.fit(x, y, epochs=epochs, verbose=0,
                   callbacks=[recorder, budget], **kwargs)
         return model, np.array(recorder.counts), budget
@@ -324,7 +326,7 @@ class FixedPathsTest(parameterized.TestCase):
 
     def test_start_line_compares_with_poisson(self):
         model = _probe(noise_multiplier=SIGMA)
-        budget = tf_dpadam.PrivacyBudget(delta=DELTA)
+        budget = tf_dpadam.PrivacyBudget(delta=DELTA, accountant="rdp")
         with _Stdout() as out:
             model.fit(_ids(), _targets(), batch_size=B, epochs=3, verbose=0,
                       sampling="shuffled", callbacks=[budget])
@@ -384,6 +386,19 @@ class RefusalsTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "num_examples=60 .* 45"):
             _probe().fit(_ids(), _targets(), validation_split=0.25,
                          callbacks=[budget], verbose=0)
+
+    def test_poisson_batches_that_workers_would_reshard(self):
+        # Two workers of one replica each: fit would re-shard the batches.
+        class Extended:
+            worker_devices = ("/job:worker/task:0/device:CPU:0",)
+
+        class TwoWorkers:
+            extended = Extended()
+            num_replicas_in_sync = 2
+
+        with self.assertRaisesRegex(ValueError, "sharded_poisson_batches"):
+            private_fit.check_one_worker(TwoWorkers())
+        private_fit.check_one_worker(tf.distribute.get_strategy())
 
     def test_unknown_sampling(self):
         with self.assertRaisesRegex(ValueError, "sampling='poisson_'"):

@@ -1,6 +1,7 @@
 """examples/training.py: the examples' one training loop on tiny data."""
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -12,8 +13,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
+from absl.testing import parameterized
 
 import tf_dpadam
+from examples import common
 from examples import runs
 from examples import training
 
@@ -149,7 +152,8 @@ class ProgressTest(absltest.TestCase):
             self.assertAlmostEqual(
                 value, tf_dpadam.epsilon_after_steps(
                     steps=step, num_examples=64, batch_size=16,
-                    noise_multiplier=1.0, delta=1e-5), places=4)
+                    noise_multiplier=1.0, delta=1e-5,
+                    accountant="pld"), places=4)  # The binaries' (PLD).
         for tag in ("batch_loss", "batch_accuracy"):
             self.assertLen(scalars[tag], 5)
         self.assertLen(scalars["epoch_epsilon"], 3)
@@ -300,6 +304,175 @@ class NoiseSeedTest(absltest.TestCase):
         self.assertEqual(runs[0][1:], (5, 5))
         for a, b in zip(runs[0][0], runs[1][0]):
             np.testing.assert_array_equal(a, b)
+
+
+def _ledger(model_dir):
+    return runs.read_json(os.path.join(model_dir, runs.LEDGER))
+
+
+def _iterations(path):
+    return int(keras.models.load_model(path).optimizer.iterations)
+
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class RunDirTest(parameterized.TestCase):
+    """Issue 34: a model_dir keeps its privacy settings and ledger, whole
+    checkpoints, one process at a time."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # 2 steps (B = 16 of N = 64, physical batches of 8), a checkpoint
+        # after each.
+        cls.model_dir = tempfile.mkdtemp()
+        cls.data = _tiny_data()
+        cls.first = training.fit_private(
+            _tiny_model, cls.data, cls.data,
+            helpers.train_config(epochs=2 * 16 / 64, eval_every=1,
+                                 model_dir=cls.model_dir), _LOSS,
+            validate=False, verbose=0)
+
+    def fit(self, model_dir, data=None, **overrides):
+        config = dict(epochs=2 * 16 / 64, eval_every=1, model_dir=model_dir)
+        config.update(overrides)
+        return training.fit_private(
+            _tiny_model, data or self.data, self.data,
+            helpers.train_config(**config), _LOSS, validate=False,
+            verbose=0)
+
+    @parameterized.named_parameters(
+        ("sigma", dict(noise_multiplier=1.2), "--noise_multiplier", "1.0",
+         "1.2"),
+        ("clip", dict(l2_norm_clip=0.5), "--l2_norm_clip", "1.0", "0.5"),
+        ("batch", dict(batch_size=8), "--batch_size", "16", "8"),
+        ("optimizer", dict(optimizer="dpadam"), "--optimizer",
+         "dpadam_corrected", "dpadam"),
+        ("physical", dict(physical_batch_size=16), "--physical_batch_size",
+         "8", "16"),
+        ("delta", dict(delta=1e-6), "--delta", "1e-05", "1e-06"),
+        ("examples", dict(max_examples=48), r"--max_examples \(N\)", "64",
+         "48"),
+    )
+    def test_resume_with_other_privacy_settings_is_refused(
+            self, overrides, flag, saved, got):
+        data = self.data
+        if overrides.pop("max_examples", None):
+            data = (data[0][:48], data[1][:48])
+        before = _ledger(self.model_dir)
+        with self.assertRaisesRegex(
+                training.SettingsError,
+                f"^{flag}: the run in {re.escape(self.model_dir)} was trained"
+                f" with {saved}, got {got} "):
+            self.fit(self.model_dir, data, epochs=4 * 16 / 64, **overrides)
+        # Before any step: the ledger and the checkpoint are untouched.
+        self.assertEqual(_ledger(self.model_dir), before)
+        self.assertEqual(_iterations(os.path.join(self.model_dir,
+                                                  runs.CHECKPOINT)), 2)
+
+    def test_several_changes_in_one_line(self):
+        with self.assertRaises(training.SettingsError) as raised:
+            self.fit(self.model_dir, noise_multiplier=1.2, batch_size=8)
+        message = str(raised.exception)
+        self.assertNotIn("\n", message)
+        self.assertIn("--noise_multiplier: ", message)
+        self.assertIn("; --batch_size: ", message)
+
+    def test_resume_with_more_steps_extends_the_ledger(self):
+        model_dir = tempfile.mkdtemp()
+        self.fit(model_dir)
+        # More steps and another evaluation interval: allowed.
+        results = self.fit(model_dir, epochs=5 * 16 / 64, eval_every=2)
+        ledger = _ledger(model_dir)
+        self.assertEqual([(s["first_step"], s["steps"])
+                          for s in ledger["segments"]], [(0, 2), (2, 3)])
+        for segment in ledger["segments"]:
+            self.assertEqual(segment["settings"], ledger["settings"])
+        self.assertEqual(ledger["settings"]["noise_multiplier"], 1.0)
+        self.assertEqual(results["ledger"], ledger["segments"])
+        self.assertEqual(results["steps"], 5)
+        self.assertAlmostEqual(
+            results["epsilon"], tf_dpadam.epsilon_after_steps(
+                steps=5, num_examples=64, batch_size=16,
+                noise_multiplier=1.0, delta=1e-5,
+                accountant=common.ACCOUNTANT), places=9)
+
+    def test_damaged_checkpoint_falls_back_to_the_earlier_one(self):
+        model_dir = tempfile.mkdtemp()
+        self.fit(model_dir)  # Checkpoints of steps 1 (prev) and 2.
+        checkpoint = os.path.join(model_dir, runs.CHECKPOINT)
+        previous = os.path.join(model_dir, runs.PREVIOUS_CHECKPOINT)
+        self.assertEqual(_iterations(previous), 1)
+        for damage in (b"", b"PK\x03\x04 not a zip"):
+            with open(checkpoint, "wb") as f:
+                f.write(damage)
+            with self.assertLogs(level="WARNING") as logs:
+                results = self.fit(model_dir, epochs=3 * 16 / 64)
+            self.assertLen(logs.records, 1)
+            line = logs.records[0].getMessage()
+            self.assertIn(f"checkpoint.keras in {model_dir} is damaged", line)
+            self.assertIn("resuming from the earlier checkpoint.prev.keras"
+                          " (step 1)", line)
+            self.assertNotIn("\n", line)
+            # Steps 2 and 3 again, from step 1; the lost step 2 is cut.
+            self.assertEqual(results["steps"], 3)
+            self.assertEqual([(s["first_step"], s["steps"])
+                              for s in _ledger(model_dir)["segments"]],
+                             [(0, 1), (1, 2)])
+            # Back to two good checkpoints (3 and 2) for the next round:
+            # set them back to 2 and 1 steps.
+            os.replace(previous, checkpoint)
+            self.fit(model_dir, epochs=3 * 16 / 64)
+            with open(checkpoint, "wb") as f:
+                f.write(damage)
+            os.remove(previous)
+            with self.assertRaisesRegex(
+                    training.SettingsError,
+                    "checkpoint.keras in .* is damaged .* no earlier"
+                    " checkpoint loads"):
+                self.fit(model_dir, epochs=3 * 16 / 64)
+            model_dir = tempfile.mkdtemp()
+            self.fit(model_dir)
+            checkpoint = os.path.join(model_dir, runs.CHECKPOINT)
+            previous = os.path.join(model_dir, runs.PREVIOUS_CHECKPOINT)
+
+    def test_a_second_process_is_refused(self):
+        model_dir = tempfile.mkdtemp()
+        # Another holder of the lock (flock locks are per open file, so
+        # this process's own open file stands in for another process).
+        with open(os.path.join(model_dir, runs.TRAIN_LOCK), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with self.assertRaisesRegex(training.SettingsError,
+                                        "another process is training"):
+                self.fit(model_dir)
+            self.assertFalse(os.path.exists(
+                os.path.join(model_dir, runs.CHECKPOINT)))
+        # Released when the holder ends (here: closes it).
+        self.assertEqual(self.fit(model_dir)["steps"], 2)
+        with open(os.path.join(model_dir, runs.TRAIN_LOCK), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # Free again.
+
+    def test_unwritable_model_dir_is_refused_before_any_step(self):
+        blocker = tempfile.mktemp()
+        open(blocker, "w").close()
+        unwritable = [os.path.join(blocker, "run")]  # Under a file.
+        if os.getuid() == 0:
+            unwritable.append("/proc/self/fdinfo")  # Even root cannot.
+        else:
+            read_only = tempfile.mkdtemp()
+            os.chmod(read_only, 0o500)
+            unwritable.append(read_only)
+        for model_dir in unwritable:
+            built = []
+            with self.assertRaisesRegex(
+                    training.SettingsError,
+                    f"--model_dir={re.escape(model_dir)} is not writable"):
+                training.fit_private(
+                    lambda: built.append(1) or _tiny_model(), self.data,
+                    self.data, helpers.train_config(model_dir=model_dir,
+                                                    epochs=0.5), _LOSS)
+            self.assertEqual(built, [])
 
 
 if __name__ == "__main__":

@@ -107,5 +107,44 @@ class ChecksTest(parameterized.TestCase):
         self.assertEqual(str(raised.exception), message)
 
 
+class LearningRateTest(parameterized.TestCase):
+    """Issue 34: a learning rate is checked like the other hyperparameters."""
+
+    @parameterized.parameters(0, 0.0, 1e-3, 4, np.float32(0.5))
+    def test_finite_non_negative_numbers_pass(self, value):
+        validation.check_learning_rate(value)
+
+    @parameterized.parameters(float("nan"), float("inf"), -0.1, -1,
+                              np.float64("nan"))
+    def test_nan_infinite_or_negative_raise(self, value):
+        with self.assertRaises(ValueError) as raised:
+            validation.check_learning_rate(value)
+        self.assertEqual(
+            str(raised.exception),
+            f"Expected learning_rate={value!r} to be a finite number >= 0"
+            " (or a LearningRateSchedule or a callable).")
+
+    def test_schedules_and_callables_are_left_to_keras(self):
+        validation.check_learning_rate(lambda: 0.1)
+        validation.check_learning_rate(object())
+
+
+class LargeDeltaTest(parameterized.TestCase):
+
+    def test_message_names_delta_and_n(self):
+        self.assertEqual(
+            validation.large_delta_message(0.05, 100),
+            "delta=0.05 >= 1/N = 0.01: an (epsilon, delta) guarantee with"
+            " delta >= 1/N allows releasing an example outright; use delta"
+            " well below 1/N (N = 100 examples).")
+
+    @parameterized.parameters((0.01, 100, True), (0.0099, 100, False),
+                              (0.5, 3, True), (1e-5, 60000, False),
+                              (1 / 60000, 60000, True))
+    def test_boundary_is_one_over_n(self, delta, n, warns):
+        self.assertEqual(validation.large_delta_message(delta, n) is not None,
+                         warns)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -260,6 +260,7 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
             l2_norm_clip, noise_multiplier, batch_size, kwargs
         )
         validation.check_non_negative("momentum", momentum)
+        validation.check_learning_rate(learning_rate)
         super().__init__(
             learning_rate=learning_rate,
             momentum=momentum,
@@ -283,7 +284,8 @@ class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
         index = self._get_variable_index(variable)
         return self._momentums[index], self._velocities[index]
 
-    def _init_adam(self, beta_1, beta_2, epsilon):
+    def _init_adam(self, beta_1, beta_2, epsilon, learning_rate):
+        validation.check_learning_rate(learning_rate)
         validation.check_beta("beta_1", beta_1)
         validation.check_beta("beta_2", beta_2)
         if epsilon is not None:
@@ -319,7 +321,7 @@ class DPAdam(_DPAdamBase):
         dp_config = self._check_dp_args(
             l2_norm_clip, noise_multiplier, batch_size, kwargs
         )
-        self._init_adam(beta_1, beta_2, epsilon)
+        self._init_adam(beta_1, beta_2, epsilon, learning_rate)
         if epsilon is None:
             raise ValueError("Expected epsilon=None to be a finite number > 0.")
         super().__init__(
@@ -396,7 +398,7 @@ class DPAdamCorrected(_DPAdamBase):
         dp_config = self._check_dp_args(
             l2_norm_clip, noise_multiplier, batch_size, kwargs
         )
-        self._init_adam(beta_1, beta_2, epsilon)
+        self._init_adam(beta_1, beta_2, epsilon, learning_rate)
         if phi is not None:
             validation.check_non_negative("phi", phi)
         if kwargs.pop("amsgrad", False):

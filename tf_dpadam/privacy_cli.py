@@ -41,6 +41,7 @@ import functools
 import math
 import os
 import sys
+import warnings
 
 from absl import app
 from absl import flags
@@ -148,9 +149,10 @@ def define_flags():
     )
     flags.DEFINE_enum(
         "accountant",
-        "rdp",
+        "pld",
         list(accounting.ACCOUNTANTS),
-        "Accountant of the calibrations (the statement reports both).",
+        "Accountant of the calibrations (the statement reports both); PLD,"
+        " the default, is the tighter.",
     )
     flags.DEFINE_enum(
         "sampling",
@@ -248,7 +250,7 @@ def steps_report(
     noise_multiplier,
     target_epsilon,
     delta,
-    accountant="rdp",
+    accountant="pld",
     sampling="poisson",
 ):
     """Text giving the largest number of steps (and epochs) within a budget."""
@@ -279,7 +281,7 @@ def noise_multiplier_report(
     delta,
     epochs=None,
     steps=None,
-    accountant="rdp",
+    accountant="pld",
 ):
     """Text giving the smallest noise multiplier (within 1%) for a budget."""
     setting = dict(num_examples=num_examples, batch_size=batch_size,
@@ -302,7 +304,23 @@ def noise_multiplier_report(
     ])
 
 
-def report(
+def report(*, num_examples=None, batch_size=None, delta=None, **kwargs):
+    """The text the command line prints (see `_report`).
+
+    Warns once (`validation.LargeDeltaWarning`, a `UserWarning`) if
+    delta >= 1 / num_examples, not once per epsilon in the text.
+    """
+    if (num_examples is not None and delta is not None
+            and validation.is_int(num_examples) and num_examples > 0
+            and validation.is_real(delta) and 0 < delta < 1):
+        validation.warn_large_delta(delta, num_examples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", validation.LargeDeltaWarning)
+        return _report(num_examples=num_examples, batch_size=batch_size,
+                       delta=delta, **kwargs)
+
+
+def _report(
     *,
     num_examples,
     batch_size,
@@ -311,7 +329,7 @@ def report(
     epochs=None,
     steps=None,
     target_epsilon=None,
-    accountant="rdp",
+    accountant="pld",
     used_microbatching=False,
     max_examples_per_user=None,
     sampling="poisson",
@@ -351,7 +369,7 @@ def report(
                               sampling=sampling, **setting)
         if not length_given:
             return budget
-        statement = report(
+        statement = _report(
             num_examples=num_examples, batch_size=batch_size, delta=delta,
             noise_multiplier=noise_multiplier, epochs=epochs, steps=steps,
             used_microbatching=used_microbatching,

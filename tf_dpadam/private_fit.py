@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tf_dpadam import data as dp_data
 from tf_dpadam import sampling as sampling_lib
+from tf_dpadam import sharding
 from tf_dpadam.accounting import plans
 
 SAMPLINGS = ("poisson", "shuffled")
@@ -136,6 +137,29 @@ def check_poisson_plan(plan, optimizer):
         )
 
 
+def check_one_worker(strategy):
+    """Refuses Poisson batches that tf.distribute would re-shard.
+
+    With several workers, `fit` shards a `tf.data.Dataset` over them (each
+    worker keeps some of each step's rows), so a step is no longer the
+    Poisson sample the accounting counts; one worker's several replicas
+    split each batch as it is, which is fine.
+
+    Raises:
+        ValueError: under a multi-worker strategy, naming the way out.
+    """
+    workers, _ = sharding.workers_and_local_replicas(strategy)
+    if workers > 1:
+        raise ValueError(
+            f"Under a strategy of {workers} workers, fit would re-shard the"
+            " Poisson batches of a tf.data.Dataset (or of in-memory data)"
+            " over the workers, and a step would no longer be the Poisson"
+            " sample the accounting counts. Give each worker its own shard:"
+            " fit(strategy.distribute_datasets_from_function("
+            "tf_dpadam.sharding.sharded_poisson_batches(...).dataset_fn))."
+        )
+
+
 def plan_of_data(x, accumulation_steps):
     """The sampling plan of data that `fit` does not sample itself."""
     plan = sampling_lib.poisson_plan_of(x)
@@ -182,6 +206,8 @@ class SamplingFitMixin:
             self.sampling_plan = plan_of_data(x, k)
             if self.sampling_plan.amplified:
                 check_poisson_plan(self.sampling_plan, optimizer)
+                if isinstance(x, tf.data.Dataset):
+                    check_one_worker(self.distribute_strategy)
             return super().fit(
                 x, y, batch_size=batch_size, epochs=epochs,
                 sample_weight=sample_weight,
@@ -218,6 +244,7 @@ class SamplingFitMixin:
                 " needs y; for a model without targets pass a"
                 " tf_dpadam.data.poisson_batches dataset.")
         b = expected_batch_size(optimizer, batch_size)
+        check_one_worker(self.distribute_strategy)
         logical_steps = None
         if steps_per_epoch is not None:
             if steps_per_epoch % k:

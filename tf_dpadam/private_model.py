@@ -23,6 +23,7 @@ from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import pipeline
 from tf_dpadam import private_fit
 from tf_dpadam import privatizer
+from tf_dpadam import train_step_checks
 from tf_dpadam import vectorized_clipping
 from tf_dpadam.ghost_clipping import registry
 
@@ -275,7 +276,11 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         variables = self.trainable_variables
         if not variables:
             warnings.warn("The model does not have any trainable weights.")
-            return self.compute_metrics(x, y, self(x), sample_weight)
+            return train_step_checks.step_without_trainable_weights(
+                self, x, y, sample_weight)
+        # As Keras: no gradient for any weight is an error, not noise.
+        train_step_checks.check_gradient_path(self, x, y, sample_weight,
+                                              variables)
         if not optimizer.built:
             optimizer.build(variables)
         if self.diagnostics:

@@ -26,6 +26,7 @@ registered with `numbers`, so `is_int(np.int64(3))` holds.
 
 import math
 import numbers
+import warnings
 
 # The accountants of `tf_dpadam.accounting`.
 ACCOUNTANTS = ("rdp", "pld")
@@ -68,6 +69,16 @@ def check_non_negative(name, value):
     """A finite real number >= 0 (e.g. `noise_multiplier`, `momentum`)."""
     check(is_real(value) and math.isfinite(value) and value >= 0, name, value,
           "to be a finite number >= 0")
+
+
+def check_learning_rate(value, name="learning_rate"):
+    """A learning rate as Keras takes it: a finite real number >= 0, or
+    anything else Keras accepts (a `LearningRateSchedule`, a callable, a
+    variable or tensor), which is left to Keras."""
+    if is_real(value):
+        check(math.isfinite(value) and value >= 0, name, value,
+              "to be a finite number >= 0 (or a LearningRateSchedule or a"
+              " callable)")
 
 
 def check_beta(name, value):
@@ -140,3 +151,33 @@ def check_accountant(accountant):
     """One of `ACCOUNTANTS`."""
     check(accountant in ACCOUNTANTS, "accountant", accountant,
           f"in {ACCOUNTANTS}")
+
+
+class LargeDeltaWarning(UserWarning):
+    """delta >= 1 / N: the (epsilon, delta) guarantee allows releasing an
+    example outright (the mechanism that publishes one random example of N
+    in the clear is (0, 1/N)-DP)."""
+
+
+def large_delta_message(delta, num_examples):
+    """The text of `LargeDeltaWarning`, or None if delta < 1 / N."""
+    if delta * num_examples < 1:
+        return None
+    return (
+        f"delta={delta!r} >= 1/N = {1 / num_examples:.6g}: an (epsilon,"
+        " delta) guarantee with delta >= 1/N allows releasing an example"
+        " outright; use delta well below 1/N (N = "
+        f"{num_examples} examples)."
+    )
+
+
+def warn_large_delta(delta, num_examples, stacklevel=3):
+    """Warns (`LargeDeltaWarning`, a `UserWarning`) if delta >= 1 / N.
+
+    Called once by each public function that computes an epsilon with a
+    known N, never inside a search. `stacklevel=3` points at the caller of
+    the function that calls this one.
+    """
+    message = large_delta_message(delta, num_examples)
+    if message is not None:
+        warnings.warn(message, LargeDeltaWarning, stacklevel=stacklevel)

@@ -1,11 +1,11 @@
 """Calibration: the steps a privacy budget allows, or the noise it needs.
 
-Both are bracketed searches over `epsilon_after_steps` (RDP over
-`RDP_ORDERS`, or PLD with value discretization 1e-3): they print nothing and
-raise `ValueError` when the ask is impossible.
+Both are bracketed searches over `epsilon_after_steps` (PLD with value
+discretization 1e-3 by default, or RDP over `RDP_ORDERS`): they print nothing
+and raise `ValueError` when the ask is impossible. Each warns once
+(`validation.LargeDeltaWarning`) if delta >= 1 / N, not at every probe.
 """
 
-import functools
 import math
 
 from tf_dpadam import validation
@@ -28,7 +28,7 @@ def calibrate_steps(
     batch_size,
     noise_multiplier,
     delta,
-    accountant="rdp",
+    accountant="pld",
     sampling="poisson",
 ):
     """The largest number of steps T whose epsilon stays within the target.
@@ -44,8 +44,8 @@ def calibrate_steps(
 
         epsilon(T) <= target_epsilon < epsilon(T + 1),
 
-    where epsilon(T) is `epsilon_after_steps(steps=T, ...)` (so RDP over
-    `RDP_ORDERS`, or PLD with value discretization 1e-3). The search first
+    where epsilon(T) is `epsilon_after_steps(steps=T, ...)` (so PLD with
+    value discretization 1e-3, or RDP over `RDP_ORDERS`). The search first
     doubles T from 1 until epsilon(T) exceeds the target and then bisects the
     bracket [T, 2T]; both sides of the returned bracket are evaluated, so the
     inequality above holds exactly. Since epsilon(T) is non-decreasing in T
@@ -58,10 +58,14 @@ def calibrate_steps(
         batch_size: Expected batch size B, 0 < B <= N.
         noise_multiplier: sigma > 0.
         delta: Target delta in (0, 1).
-        accountant: "rdp" or "pld".
+        accountant: "pld" (default) or "rdp".
+        sampling: "poisson" (default) or "shuffled".
 
     Returns:
         T as an int.
+
+    Warns:
+        LargeDeltaWarning (a UserWarning): if delta >= 1 / num_examples.
 
     Raises:
         ValueError: if an argument is out of range, if even one step exceeds
@@ -75,6 +79,17 @@ def calibrate_steps(
     validation.check_delta(delta)
     validation.check_accountant(accountant)
     accounting_epsilon.check_sampling(sampling)
+    validation.warn_large_delta(delta, num_examples)
+    return steps_within(
+        target_epsilon=target_epsilon, num_examples=num_examples,
+        batch_size=batch_size, noise_multiplier=noise_multiplier,
+        delta=delta, accountant=accountant, sampling=sampling)
+
+
+def steps_within(*, target_epsilon, num_examples, batch_size,
+                 noise_multiplier, delta, accountant, sampling="poisson"):
+    """`calibrate_steps` on checked arguments, without the delta warning
+    (for callers that warn once themselves, e.g. `PrivacyBudget`)."""
     if sampling == "shuffled":
         steps = passes.max_steps_without_amplification(
             target_epsilon=target_epsilon, noise_multiplier=noise_multiplier,
@@ -88,11 +103,12 @@ def calibrate_steps(
                 f"{noise_multiplier!r}, delta={delta!r})."
             )
         return steps
-    eps = functools.partial(
-        accounting_epsilon.epsilon_after_steps,
-        num_examples=num_examples, batch_size=batch_size,
-        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant,
-    )
+    q = batch_size / num_examples
+
+    def eps(steps):
+        return accounting_epsilon.epsilon_at_rate(
+            q, float(noise_multiplier), steps, float(delta), accountant)
+
     smallest = eps(steps=1)
     if smallest > target_epsilon:
         raise ValueError(
@@ -127,7 +143,7 @@ def calibrate_noise_multiplier(
     epochs=None,
     steps=None,
     delta,
-    accountant="rdp",
+    accountant="pld",
 ):
     """The smallest noise multiplier (within 1%) that meets the target.
 
@@ -135,8 +151,8 @@ def calibrate_noise_multiplier(
 
         epsilon(sigma) <= target_epsilon < epsilon(sigma / 1.01),
 
-    where epsilon(sigma) is `epsilon_after_steps(steps=T, ...)` (RDP over
-    `RDP_ORDERS`, or PLD with value discretization 1e-3). The search brackets
+    where epsilon(sigma) is `epsilon_after_steps(steps=T, ...)` (PLD with
+    value discretization 1e-3, or RDP over `RDP_ORDERS`). The search brackets
     sigma by doubling or halving from 1 and then bisects the bracket
     geometrically until its ends are within 1% of each other; it returns the
     upper end, so the target is met. Since epsilon decreases with sigma, any
@@ -149,10 +165,13 @@ def calibrate_noise_multiplier(
         epochs: Number of epochs E > 0; exactly one of `epochs` and `steps`.
         steps: Number of steps T > 0; exactly one of `epochs` and `steps`.
         delta: Target delta in (0, 1).
-        accountant: "rdp" or "pld".
+        accountant: "pld" (default) or "rdp".
 
     Returns:
         sigma as a float.
+
+    Warns:
+        LargeDeltaWarning (a UserWarning): if delta >= 1 / num_examples.
 
     Raises:
         ValueError: if an argument is out of range, if not exactly one of
@@ -163,15 +182,17 @@ def calibrate_noise_multiplier(
     validation.check_sizes("num_examples", num_examples, batch_size)
     validation.check_delta(delta)
     validation.check_accountant(accountant)
-    eps = functools.partial(
-        accounting_epsilon.epsilon_after_steps,
-        steps=accounting_epsilon.training_steps(
-            num_examples=num_examples, batch_size=batch_size, epochs=epochs,
-            steps=steps,
-        ),
-        num_examples=num_examples, batch_size=batch_size, delta=delta,
-        accountant=accountant,
+    total = accounting_epsilon.training_steps(
+        num_examples=num_examples, batch_size=batch_size, epochs=epochs,
+        steps=steps,
     )
+    validation.warn_large_delta(delta, num_examples)
+    q = batch_size / num_examples
+
+    def eps(noise_multiplier):
+        return accounting_epsilon.epsilon_at_rate(
+            q, float(noise_multiplier), int(total), float(delta), accountant)
+
     # Invariant once bracketed: eps(low) > target >= eps(high).
     high = 1.0
     if eps(noise_multiplier=high) > target_epsilon:

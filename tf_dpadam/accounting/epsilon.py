@@ -179,6 +179,40 @@ def rdp_epsilon_and_order(rdp, delta, orders=RDP_ORDERS):
     return float(epsilon), float(order)
 
 
+@functools.lru_cache(maxsize=64)
+def pld_one_step(q, sigma):
+    """The privacy loss distribution of one Poisson-sampled Gaussian step.
+
+    What dp-accounting's `PLDAccountant` builds for
+    PoissonSampledDpEvent(q, GaussianDpEvent(sigma)): pessimistic,
+    add-or-remove-one, value discretization
+    `PLD_VALUE_DISCRETIZATION_INTERVAL`. Cached per (q, sigma) because
+    building it is most of the cost of an epsilon (about 25 ms at sigma = 1
+    and 150 ms at sigma = 0.3, q = 256/60000); the T-step distribution is
+    its `self_compose(T)`, which leaves it unchanged.
+    """
+    return dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
+        sampling_prob=q,
+        neighboring_relation=_ADD_OR_REMOVE_ONE,
+    )
+
+
+def pld_epsilon(q, sigma, steps, delta):
+    """PLD epsilon of T >= 1 steps at rate q (sigma > 0); not checked.
+
+    The cached one-step distribution (`pld_one_step`) self-composed T times
+    and composed with the identity distribution, exactly the operations of
+    `PLDAccountant` on `dp_sgd_event(q, sigma, T)`: the same epsilon, bit
+    for bit, without building the one-step distribution again.
+    """
+    pld = dp_accounting.pld.privacy_loss_distribution.identity(
+        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL
+    ).compose(pld_one_step(q, sigma).self_compose(steps))
+    return float(pld.get_epsilon_for_delta(delta))
+
+
 @functools.lru_cache(maxsize=4096)
 def epsilon_at_rate(q, sigma, steps, delta, accountant):
     """Cached epsilon of T steps at sampling rate q; arguments not checked."""
@@ -186,12 +220,7 @@ def epsilon_at_rate(q, sigma, steps, delta, accountant):
         return 0.0
     if accountant == "rdp":
         return rdp_epsilon_and_order(steps * rdp_one_step(q, sigma), delta)[0]
-    pld = dp_accounting.pld.PLDAccountant(
-        _ADD_OR_REMOVE_ONE,
-        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
-    )
-    pld.compose(dp_sgd_event(q, sigma, steps))
-    return float(pld.get_epsilon(delta))
+    return pld_epsilon(q, sigma, steps, delta)
 
 
 SAMPLINGS = ("poisson", "shuffled")
@@ -241,7 +270,11 @@ def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta, *,
         delta: Target delta in (0, 1).
 
     Returns:
-        (epsilon, optimal RDP order), both floats.
+        (epsilon, optimal RDP order), both floats; (0.0, nan) for no step
+        (e.g. epochs=0).
+
+    Warns:
+        LargeDeltaWarning (a UserWarning): if delta >= 1 / n.
 
     Raises:
         ValueError: if an argument is out of range.
@@ -251,7 +284,10 @@ def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta, *,
     validation.check_epochs(epochs)
     validation.check_delta(delta)
     check_sampling(sampling)
+    validation.warn_large_delta(delta, n)
     steps = steps_for_epochs(epochs, n, batch_size)
+    if steps == 0:
+        return 0.0, math.nan
     if sampling == "shuffled":
         passes = math.ceil(steps / math.ceil(n / batch_size))
         rdp = passes * rdp_curve(1.0, noise_multiplier, 1,
@@ -280,8 +316,9 @@ def epsilon_after_steps(
     * "rdp": `RdpAccountant` over `RDP_ORDERS` (1.05 to 10.95 in steps of
       0.05, 11 to 63, and 64 to 1024), minimizing over orders
       rdp(a) + log1p(-1/a) - log(delta * a) / (a - 1).
-    * "pld": `PLDAccountant` with value discretization interval
-      `PLD_VALUE_DISCRETIZATION_INTERVAL` (1e-3, pessimistic).
+    * "pld": the PLD of `PLDAccountant` with value discretization interval
+      `PLD_VALUE_DISCRETIZATION_INTERVAL` (1e-3, pessimistic), the one-step
+      distribution cached (`pld_epsilon`).
 
     Results are cached per argument tuple.
 
@@ -296,6 +333,9 @@ def epsilon_after_steps(
     Returns:
         epsilon as a float (`inf` if the accountant cannot bound it).
 
+    Warns:
+        LargeDeltaWarning (a UserWarning): if delta >= 1 / num_examples.
+
     Raises:
         ValueError: if an argument is out of range.
     """
@@ -304,6 +344,7 @@ def epsilon_after_steps(
     validation.check_positive_real("noise_multiplier", noise_multiplier)
     validation.check_delta(delta)
     validation.check_accountant(accountant)
+    validation.warn_large_delta(delta, num_examples)
     return epsilon_at_rate(
         batch_size / num_examples,
         float(noise_multiplier),

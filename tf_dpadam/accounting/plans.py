@@ -48,14 +48,22 @@ class PoissonPlan:
             return 0.0
         if noise_multiplier == 0:
             return float("inf")
-        return accounting_epsilon.epsilon_after_steps(
-            steps=steps, num_examples=self.num_examples,
-            batch_size=self.expected_batch_size,
-            noise_multiplier=noise_multiplier, delta=delta,
-            accountant=accountant)
+        validation.check_steps(steps)
+        validation.check_positive_real("noise_multiplier", noise_multiplier)
+        validation.check_delta(delta)
+        validation.check_accountant(accountant)
+        # Not `epsilon_after_steps`: no delta warning at every step (the
+        # caller warns once, `PrivacyBudget` at the start of training).
+        return accounting_epsilon.epsilon_at_rate(
+            self.expected_batch_size / self.num_examples,
+            float(noise_multiplier), int(steps), float(delta), accountant)
 
     def max_steps(self, target_epsilon, noise_multiplier, delta, accountant):
-        return calibration.calibrate_steps(
+        validation.check_positive_real("target_epsilon", target_epsilon)
+        validation.check_positive_real("noise_multiplier", noise_multiplier)
+        validation.check_delta(delta)
+        validation.check_accountant(accountant)
+        return calibration.steps_within(
             target_epsilon=target_epsilon, num_examples=self.num_examples,
             batch_size=self.expected_batch_size,
             noise_multiplier=noise_multiplier, delta=delta,

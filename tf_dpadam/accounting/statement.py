@@ -87,6 +87,9 @@ def compute_dp_sgd_privacy_statement(
     Returns:
         A multi-line string (nothing is printed).
 
+    Warns:
+        LargeDeltaWarning (a UserWarning): if delta >= 1 / number_of_examples.
+
     Raises:
         ValueError: if an argument is out of range.
     """
@@ -98,6 +101,7 @@ def compute_dp_sgd_privacy_statement(
     if max_examples_per_user is not None:
         validation.check_positive_int("max_examples_per_user",
                                       max_examples_per_user)
+    validation.warn_large_delta(delta, number_of_examples)
     steps = accounting_epsilon.steps_for_epochs(num_epochs, number_of_examples,
                                                 batch_size)
     q = batch_size / number_of_examples
