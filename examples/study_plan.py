@@ -127,7 +127,9 @@ def half_decade_grid(centre, span):
 def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
                     delta, tolerance=EPSILON_TOLERANCE):
     """sigma whose `steps` Poisson-sampled steps spend epsilon in
-    [target_epsilon - tolerance, target_epsilon] (RDP accountant).
+    [target_epsilon - tolerance, target_epsilon], with the accountant the
+    runs record their epsilon with (`common.ACCOUNTANT`, PLD; the studies
+    recorded before it moved from RDP were calibrated with RDP).
 
     `tf_dpadam.calibrate_noise_multiplier` brackets sigma within 1% (about
     1% of epsilon); this bisects its bracket further.
@@ -138,11 +140,13 @@ def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
     def epsilon(sigma):
         return tf_dpadam.epsilon_after_steps(
             steps=steps, num_examples=num_examples, batch_size=batch_size,
-            noise_multiplier=sigma, delta=delta)
+            noise_multiplier=sigma, delta=delta,
+            accountant=common.ACCOUNTANT)
 
     high = tf_dpadam.calibrate_noise_multiplier(
         target_epsilon=target_epsilon, num_examples=num_examples,
-        batch_size=batch_size, steps=steps, delta=delta, accountant="rdp")
+        batch_size=batch_size, steps=steps, delta=delta,
+        accountant=common.ACCOUNTANT)
     low = high / 1.01  # eps(low) > target >= eps(high).
     while epsilon(high) < target_epsilon - tolerance:
         middle = 0.5 * (low + high)

@@ -11,6 +11,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
+from examples import common
 from examples import study_plan
 from examples import study_report
 
@@ -50,14 +51,17 @@ class CellTest(parameterized.TestCase):
             self.assertEqual(cell.steps, round(epochs * n / c.batch_size))
             self.assertAlmostEqual(cell.steps * c.batch_size / n, epochs,
                                    delta=c.batch_size / n)
+            # With the accountant the runs record epsilon with (PLD).
             spent = tf_dpadam.epsilon_after_steps(
                 steps=cell.steps, num_examples=n, batch_size=c.batch_size,
-                noise_multiplier=c.noise_multiplier, delta=1e-5)
+                noise_multiplier=c.noise_multiplier, delta=1e-5,
+                accountant=common.ACCOUNTANT)
             self.assertBetween(spent, 3.0 - 1e-3, 3.0)
             # A sigma 0.1% smaller overspends: calibrated, not just safe.
             more = tf_dpadam.epsilon_after_steps(
                 steps=cell.steps, num_examples=n, batch_size=c.batch_size,
-                noise_multiplier=0.999 * c.noise_multiplier, delta=1e-5)
+                noise_multiplier=0.999 * c.noise_multiplier, delta=1e-5,
+                accountant=common.ACCOUNTANT)
             self.assertGreater(more, 3.0)
             self.assertIsNone(c.target_epsilon)
         # Larger batches at the same epsilon and epochs need more noise.
