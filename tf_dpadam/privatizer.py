@@ -21,8 +21,10 @@ Phases 2 to 4 compute in float32 whatever the model's dtype policy (even
 sum, the noise and the division by B. Only the privatized gradient is cast
 to each variable's dtype, by the optimizer (post-processing). An example
 whose gradient or loss is NaN or infinite contributes nothing (clip factor
-0, its rows replaced by zeros), so one such example cannot turn the sum into
-NaN and reveal itself.
+0; should its 0 * inf still make a sum NaN, the step computes the sums again
+with its rows taken from a finite example marked absent:
+`without_non_finite`), so one such example cannot turn the sum into NaN and
+reveal itself.
 """
 
 import os
@@ -223,8 +225,7 @@ def without_non_finite(examples, present, norms, losses, group_size=1):
         `(examples, present)`: the rows, and `present` without the
         non-finite examples.
     """
-    finite = tf.logical_and(tf.math.is_finite(norms),
-                            tf.math.is_finite(losses))
+    finite = dp_math.finite_examples(norms, losses)
     kept = tf.logical_and(finite, present > 0)
     present = present * tf.cast(finite, present.dtype)
     rows = tf.shape(tf.nest.flatten(examples[0])[0])[0]
