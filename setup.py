@@ -17,7 +17,7 @@ setuptools.setup(
     install_requires=[
         # Only the versions the tests run on (requirements_lock.txt): the
         # code relies on private APIs of TF 2.21 and Keras 3.15 (see
-        # tf_dpadam/keras_internals.py, tf_dpadam/vectorization.py), and
+        # tf_dpadam/compat.py, tf_dpadam/vectorization.py), and
         # tests/versions_test.py keeps this range, the lock and the
         # installed versions together.
         "tensorflow>=2.21,<2.22",

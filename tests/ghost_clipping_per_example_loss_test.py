@@ -6,7 +6,7 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import per_example_loss
 
 import helpers
@@ -20,7 +20,7 @@ class PerExampleLossTest(parameterized.TestCase):
         losses = []
         for i in range(y.shape[0]):
             w = None if sample_weight is None else sample_weight[i:i + 1]
-            losses.append(float(keras_internals.compile_loss(model)(
+            losses.append(float(compat.compile_loss(model)(
                 y[i:i + 1], y_pred[i:i + 1], w)))
         return np.array(losses)
 
@@ -50,7 +50,7 @@ class PerExampleLossTest(parameterized.TestCase):
         w = tf.constant(rng.uniform(0.1, 2.0, size=6), "float32") \
             if weighted else None
         direct = per_example_loss.direct_per_example_loss(
-            keras_internals.compile_loss(model), y, y_pred, w)
+            compat.compile_loss(model), y, y_pred, w)
         self.assertIsNotNone(direct)
         np.testing.assert_allclose(
             direct, self.one_at_a_time(model, y, y_pred, w), rtol=1e-5,
@@ -62,12 +62,12 @@ class PerExampleLossTest(parameterized.TestCase):
         y_pred = tf.ones((4, 3))
         model.compile(loss=keras.losses.MeanSquaredError(reduction="sum"))
         self.assertIsNone(per_example_loss.direct_per_example_loss(
-            keras_internals.compile_loss(model), y, y_pred, None))
+            compat.compile_loss(model), y, y_pred, None))
         model.compile(loss="mse")  # Per-element sample weights next.
-        keras_internals.compile_loss(model).build(y, y_pred)
+        compat.compile_loss(model).build(y, y_pred)
         per_element = tf.ones((4, 3))
         self.assertIsNone(per_example_loss.direct_per_example_loss(
-            keras_internals.compile_loss(model), y, y_pred, per_element))
+            compat.compile_loss(model), y, y_pred, per_element))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from examples import experiments
 import tf_dpadam
 from tf_dpadam import dp_math
 from tf_dpadam import ghost_clipping
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import privatizer
 from tf_dpadam.diagnostics import moments
 
@@ -134,7 +134,7 @@ class GhostLockstepMixin:
 
         Returns the ghost norms.
         """
-        if keras_internals.compile_loss(model) is None:
+        if compat.compile_loss(model) is None:
             model.compile(loss=loss)
         x = tf.nest.map_structure(tf.convert_to_tensor, x)
         y = tf.convert_to_tensor(y)

@@ -1,7 +1,7 @@
 """The TensorFlow and Keras versions setup.py accepts are the tested ones.
 
 tf_dpadam relies on private APIs of TensorFlow 2.21 and Keras 3.15 (the
-oneDNN workaround in tf_dpadam/vectorization.py, tf_dpadam/keras_internals.py),
+oneDNN workaround in tf_dpadam/vectorization.py, tf_dpadam/compat.py),
 and CI runs on one pinned environment (requirements_lock.txt). So the range
 setup.py declares must contain the versions installed here and pinned in the
 lock, and no other minor version, which nothing tests. setup.py is read with

@@ -26,7 +26,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import validation
 
 # Keras augmentations that mix the examples of a batch (where this Keras
@@ -63,7 +63,7 @@ def check_arguments(augment, augmult):
         "to have no trainable weights (the augmentation is not trained; put"
         " trainable layers in the model)",
     )
-    for layer in keras_internals.all_layers(augment):
+    for layer in compat.all_layers(augment):
         validation.check(
             not isinstance(layer, EXAMPLE_MIXING_AUGMENTATIONS), "augment",
             augment,

@@ -23,7 +23,7 @@ private).
 import numpy as np
 import tensorflow as tf
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import pipeline
 from tf_dpadam import private_model as private_model_lib
 from tf_dpadam import validation
@@ -59,7 +59,7 @@ def per_example_gradient_norms(model, x, y=None, sample_weight=None,
             " step clips: expected model to be made by"
             f" tf_dpadam.make_private(...), got {type(model).__name__}."
         )
-    if not model.compiled or keras_internals.compile_loss(model) is None:
+    if not model.compiled or compat.compile_loss(model) is None:
         raise ValueError(
             "per_example_gradient_norms needs the loss: compile the private"
             " model first, e.g. model.compile(optimizer=tf_dpadam.DPAdam"

@@ -61,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import augmentation
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import per_example_loss
 
 RELATIVE_TOLERANCE = 1e-4
@@ -200,7 +200,7 @@ class _StateSnapshot:
         variables, seen = [], set()
         for layer in layers:
             found = list(layer.non_trainable_variables) + [
-                g.state for g in keras_internals.seed_generators(layer)]
+                g.state for g in compat.seed_generators(layer)]
             for v in found:
                 if id(v) not in seen:
                     seen.add(id(v))
@@ -389,10 +389,10 @@ def _slice_rows(structure, rows):
         if t is None:
             return None
         part = t[rows]
-        mask = keras_internals.get_keras_mask(t)
+        mask = compat.get_keras_mask(t)
         if mask is not None:
             part = tf.identity(part)
-            keras_internals.set_keras_mask(part, mask[rows])
+            compat.set_keras_mask(part, mask[rows])
         return part
 
     return tf.nest.map_structure(take, structure)
@@ -402,17 +402,17 @@ def _replace_keeping_masks(structure, rows_j, rows_k):
     changed = replace_rows(structure, rows_j, rows_k)
 
     def keep_mask(old, new):
-        mask = None if old is None else keras_internals.get_keras_mask(old)
+        mask = None if old is None else compat.get_keras_mask(old)
         if mask is not None:
-            keras_internals.set_keras_mask(new, mask)
+            compat.set_keras_mask(new, mask)
         return new
 
     return tf.nest.map_structure(keep_mask, structure, changed)
 
 
 def _loss_error(model, score, evidence):
-    compile_loss = keras_internals.compile_loss(model)
-    single = keras_internals.single_loss(compile_loss)
+    compile_loss = compat.compile_loss(model)
+    single = compat.single_loss(compile_loss)
     loss = single[0] if single is not None else compile_loss
     name = getattr(loss, "name", None) or type(loss).__name__
     fn = getattr(loss, "fn", None)
@@ -429,7 +429,7 @@ def _prediction_gradients(compile_loss, y, y_pred, sample_weight):
     with tf.GradientTape() as tape:
         for t in leaves:
             tape.watch(t)
-        with keras_internals.loss_metrics_paused(compile_loss):
+        with compat.loss_metrics_paused(compile_loss):
             loss = compile_loss(y, y_pred, sample_weight)
     return [g if g is not None else tf.zeros_like(t)
             for t, g in zip(leaves, tape.gradient(loss, leaves))]
@@ -438,7 +438,7 @@ def _prediction_gradients(compile_loss, y, y_pred, sample_weight):
 def _check_loss(model, augmult, y, sample_weight, y_pred, y_pred_changed,
                 j, k):
     """Raises if the compiled loss mixes examples (module docstring, 2)."""
-    compile_loss = keras_internals.compile_loss(model)
+    compile_loss = compat.compile_loss(model)
     if compile_loss is None:
         return
     y, sample_weight = augmentation.repeat_examples(

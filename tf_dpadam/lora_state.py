@@ -19,14 +19,14 @@ after Keras has loaded the layers (Keras visits private attributes last).
 
 from keras.src.saving.keras_saveable import KerasSaveable
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 
 
 def lora_layers(model):
     """`[(index, layer)]` of `model`'s LoRA layers, by their index in
-    `keras_internals.all_layers(model)` (the same for a rebuilt copy)."""
+    `compat.all_layers(model)` (the same for a rebuilt copy)."""
     return [(i, layer)
-            for i, layer in enumerate(keras_internals.all_layers(model))
+            for i, layer in enumerate(compat.all_layers(model))
             if getattr(layer, "lora_enabled", False)]
 
 
@@ -54,7 +54,7 @@ def restore_lora(model, config):
     """
     if not config:
         return
-    layers = keras_internals.all_layers(model)
+    layers = compat.all_layers(model)
     for index, rank, alpha in config["layers"]:
         if index >= len(layers) or not hasattr(layers[index],
                                                "enable_lora"):

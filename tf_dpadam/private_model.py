@@ -17,7 +17,7 @@ from tf_dpadam import augmentation
 from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import ghost_clipping
 from tf_dpadam import independence
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import lora_state
 from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import pipeline
@@ -56,7 +56,7 @@ def check_no_example_mixing(model):
     Raises:
         ValueError: naming the first offending layer.
     """
-    for layer in keras_internals.all_layers(model):
+    for layer in compat.all_layers(model):
         if registry.mixes_examples(layer):
             raise ValueError(
                 f"Layer {layer.name!r} ({type(layer).__name__}) mixes the"
@@ -241,7 +241,7 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         return result
 
     def _check_independence_once(self, data):
-        compile_loss = keras_internals.compile_loss(self)
+        compile_loss = compat.compile_loss(self)
         if self._independence_checked.value is compile_loss:
             return
         if independence.check(self, data):
@@ -322,18 +322,18 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
             else:
                 accumulator.add(summed, count, noise_scale_apply)
 
-        compile_loss = keras_internals.compile_loss(self)
+        compile_loss = compat.compile_loss(self)
         if compile_loss is not None and compile_loss.metrics:
             compile_loss(y, y_pred, sample_weight)
         # A NaN or infinite example loss counts as 0 in the logged loss, so
         # that the log does not show such an example.
         losses = ops.where(ops.isfinite(losses), losses,
                            ops.zeros_like(losses))
-        keras_internals.loss_tracker(self).update_state(
+        compat.loss_tracker(self).update_state(
             ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
             sample_weight=ops.sum(present),
         )
-        keras_internals.update_compile_metrics(
+        compat.update_compile_metrics(
             self, y, y_pred, sample_weight,
             _present_examples(x, sample_weight) if sample_weight is not None
             else None,
@@ -342,7 +342,7 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
 
     def _build_on_first_call(self, x):
         if not all(layer.built
-                   for layer in keras_internals.all_layers(self.base_model)):
+                   for layer in compat.all_layers(self.base_model)):
             # A model without `keras.Input` builds on its first call: make
             # that call here, on the first trace, so that its weights (and
             # the optimizer's) exist before the step reads them.

@@ -14,7 +14,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 
 # Models whose gradient path was checked, and for which (compiled loss,
 # trainable variables): a retrace of the same step does not check again.
@@ -78,7 +78,7 @@ def check_gradient_path(model, x, y, sample_weight, variables):
     """
     if tf.distribute.has_strategy():
         return
-    key = (id(keras_internals.compile_loss(model)),
+    key = (id(compat.compile_loss(model)),
            tuple(id(v) for v in variables))
     if _CHECKED.get(model) == key:
         return
@@ -100,6 +100,6 @@ def step_without_trainable_weights(model, x, y, sample_weight):
     if num_replicas > 1:  # keras' unscale_loss_for_distribution
         loss = loss * tf.cast(num_replicas, loss.dtype)
     first = next(t for t in tf.nest.flatten(x) if t is not None)
-    keras_internals.loss_tracker(model).update_state(
+    compat.loss_tracker(model).update_state(
         loss, sample_weight=tf.shape(first)[0])
     return model.compute_metrics(x, y, y_pred, sample_weight)

@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import privatizer
 from tf_dpadam.ghost_clipping import per_example_loss
 
@@ -56,7 +56,7 @@ def per_example_gradients(model, x, y, sample_weight, group_size=1):
     regularizers average over it: the mean over the views); the weight
     regularization R is in once. Only B gradients are formed, not B K.
     """
-    generators = keras_internals.seed_generators(model)
+    generators = compat.seed_generators(model)
     examples = (x, y, sample_weight)
     if group_size > 1:
         examples = tuple(
@@ -65,8 +65,8 @@ def per_example_gradients(model, x, y, sample_weight, group_size=1):
             for e in examples
         )
     index = tf.range(tf.shape(tf.nest.flatten(examples[0])[0])[0])
-    with keras_internals.loss_metrics_paused(
-            keras_internals.compile_loss(model)):
+    with compat.loss_metrics_paused(
+            compat.compile_loss(model)):
         # Per-output loss metrics (multi-output models) are updated once on
         # the batch by the caller, not per example inside the map.
         grads, losses, (y_pred, advances) = privatizer.per_example_gradients(
@@ -130,7 +130,7 @@ def _example_loss(model, generators, group_size, x, y, sample_weight, index):
 
 def _forward_loss(model, x, y, sample_weight):
     y_pred = model(x, training=True)
-    loss = keras_internals.compute_loss(model, x, y, y_pred, sample_weight)
+    loss = compat.compute_loss(model, x, y, y_pred, sample_weight)
     # Keras divides the loss by the number of tf.distribute replicas;
     # a per-example gradient must be the example's own, so undo it.
     return loss * privatizer.num_replicas(), y_pred

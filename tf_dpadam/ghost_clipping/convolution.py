@@ -14,7 +14,7 @@ import math
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import rule
 
@@ -132,7 +132,7 @@ class ConvolutionRule(rule.Rule):
         x = rule.first_input(args, kwargs)
         padding = layer.padding
         if padding == "causal":
-            x = ops.pad(x, keras_internals.causal_padding(layer))
+            x = ops.pad(x, compat.causal_padding(layer))
             padding = "valid"
         z = conv = ops.conv(
             x, self.kernel_value(), strides=list(layer.strides),

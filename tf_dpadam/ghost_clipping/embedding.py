@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import rule
@@ -82,7 +82,7 @@ class ReversibleEmbeddingRule(EmbeddingRule):
             # returns None).
             mask = keras.layers.Embedding.compute_mask(layer, inputs)
             if mask is not None:
-                keras_internals.set_keras_mask(z, mask)
+                compat.set_keras_mask(z, mask)
             return z
         if layer.tie_weights:
             kernel = ops.transpose(rule.stopped(layer.embeddings))

@@ -14,7 +14,7 @@ training (e.g. contains dropout) is refused.
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import privatizer
 from tf_dpadam import vectorization
 from tf_dpadam.ghost_clipping import blocks
@@ -40,7 +40,7 @@ class FallbackRule(rule.Rule):
         )
         # The per-example replay could not reproduce the forward's random
         # draws (e.g. dropout): refuse if the layer draws any.
-        generators = keras_internals.seed_generators(layer)
+        generators = compat.seed_generators(layer)
         drawn = []
         for generator in generators:
             def next_seed(*a, _original=generator.next, _g=generator, **k):

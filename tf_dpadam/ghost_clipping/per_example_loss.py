@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import privatizer
 from tf_dpadam import vectorization
 
@@ -27,7 +27,7 @@ def compiled_loss_fn(model):
 
     @tf.autograph.experimental.do_not_convert
     def per_example_loss(y, y_pred, sample_weight):
-        compile_loss = keras_internals.compile_loss(model)
+        compile_loss = compat.compile_loss(model)
         if compile_loss is None:
             raise ValueError("The model was not compiled with a loss.")
         direct = direct_per_example_loss(compile_loss, y, y_pred,
@@ -45,7 +45,7 @@ def compiled_loss_fn(model):
 def _mapped_per_example_loss(compile_loss, y, y_pred, sample_weight):
     """The compiled loss of each example, by a vectorized map (any loss)."""
     flat_pred = tf.nest.flatten(y_pred)
-    masks = [keras_internals.get_keras_mask(t) for t in flat_pred]
+    masks = [compat.get_keras_mask(t) for t in flat_pred]
     mask_index = [i for i, m in enumerate(masks) if m is not None]
     examples = (y, y_pred, sample_weight,
                 [masks[i] for i in mask_index] or None)
@@ -60,11 +60,11 @@ def _mapped_per_example_loss(compile_loss, y, y_pred, sample_weight):
             flat = list(tf.nest.flatten(pred1))
             for i, m in zip(mask_index, masks1):
                 flat[i] = tf.identity(flat[i])
-                keras_internals.set_keras_mask(flat[i], m)
+                compat.set_keras_mask(flat[i], m)
             pred1 = tf.nest.pack_sequence_as(pred1, flat)
         return ops.cast(compile_loss(y1, pred1, weight1), "float32")
 
-    with keras_internals.loss_metrics_paused(compile_loss):
+    with compat.loss_metrics_paused(compile_loss):
         return vectorization.vectorized_map(
             one, tuple(examples[i] for i in present),
             what="the per-example compiled loss",
@@ -85,7 +85,7 @@ def direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
     """
     if tf.nest.is_nested(y) or tf.nest.is_nested(y_pred):
         return None
-    if keras_internals.get_keras_mask(y_pred) is not None:
+    if compat.get_keras_mask(y_pred) is not None:
         return None
     if sample_weight is not None and (
         tf.nest.is_nested(sample_weight) or sample_weight.shape.rank != 1
@@ -93,7 +93,7 @@ def direct_per_example_loss(compile_loss, y, y_pred, sample_weight):
         return None
     if not compile_loss.built:
         compile_loss.build(y, y_pred)
-    single = keras_internals.single_loss(compile_loss)
+    single = compat.single_loss(compile_loss)
     if single is None:
         return None
     loss, loss_weight = single

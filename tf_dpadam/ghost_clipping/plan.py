@@ -8,7 +8,7 @@ Problems that make the model unsupported (`registry.refusals`, shared
 variables, a root model with weights of its own) are collected, not raised.
 """
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import fallback
 from tf_dpadam.ghost_clipping import registry
 
@@ -31,7 +31,7 @@ class Plan:
         self.owner = {}
         self._trainable = {id(v) for v in model.trainable_variables}
         self._visited = set()
-        for layer in keras_internals.all_layers(model):
+        for layer in compat.all_layers(model):
             for reason in registry.refusals(layer):
                 self.problems.append((layer.name, reason))
         self._visit(model, is_root=True)
@@ -58,7 +58,7 @@ class Plan:
         variables = [v for v in layer.variables if id(v) in self._trainable]
         if not variables:
             return
-        own = [v for v in keras_internals.own_variables(layer)
+        own = [v for v in compat.own_variables(layer)
                if id(v) in self._trainable]
         rule_class, reason = registry.ghost_rule(layer)
         if rule_class is not None:
@@ -75,7 +75,7 @@ class Plan:
                 self._add(rule_class(layer, own), own)
                 return
         if not own and not isinstance(layer, registry.OPAQUE_LAYERS):
-            for sublayer in keras_internals.direct_sublayers(layer):
+            for sublayer in compat.direct_sublayers(layer):
                 self._visit(sublayer, False)
             return
         if is_root:

@@ -28,7 +28,7 @@ import warnings
 
 import keras
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam import layers
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import dense
@@ -112,11 +112,11 @@ def data_adapted_layers(model):
     """The layers of `model` whose state comes from `adapt` (outermost only:
     the StringLookup inside a TextVectorization is not listed again)."""
     found, inside = [], set()
-    for layer in keras_internals.all_layers(model):
+    for layer in compat.all_layers(model):
         if id(layer) in inside or not takes_state_from_adapt(layer):
             continue
         found.append(layer)
-        inside.update(id(sub) for sub in keras_internals.all_layers(layer))
+        inside.update(id(sub) for sub in compat.all_layers(layer))
     return found
 
 
@@ -188,7 +188,7 @@ def refusals(layer):
         reasons.append("activity regularizer")
     if mixes_examples(layer):
         reasons.append("mixes examples in training")
-    if keras_internals.rematerialized(layer):
+    if compat.rematerialized(layer):
         reasons.append("rematerialization")
     return reasons
 

@@ -15,7 +15,7 @@ A new layer family is one module with a `Rule` subclass, one line in
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 
 
 class Rule:
@@ -60,7 +60,7 @@ class Rule:
         self._saved_call = saved
 
         def call(*args, **kwargs):
-            if (keras_internals.any_symbolic_tensors(args, kwargs)
+            if (compat.any_symbolic_tensors(args, kwargs)
                     or not recording.active):
                 return original(*args, **kwargs)
             if not recording.same_graph():

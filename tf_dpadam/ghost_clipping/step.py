@@ -32,7 +32,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import dp_math
-from tf_dpadam import keras_internals
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import plan as plan_lib
 
 
@@ -164,7 +164,7 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
                           l2_norm_clip, mask=None, training=True,
                           group_size=1):
     """`clipped_gradient_sum`'s result, and the blocks it was computed from."""
-    if keras_internals.in_stateless_scope():
+    if compat.in_stateless_scope():
         raise GhostClippingUnsupportedError(
             "ghost clipping does not run inside a keras.StatelessScope"
         )
@@ -240,7 +240,7 @@ def block_modes(model, per_example_loss_fn, x, y, sample_weight=None):
 def _check_recording(model, recording, losses):
     if recording.errors:
         raise GhostClippingUnsupportedError("; ".join(recording.errors))
-    if keras_internals.losses_added_in_call(model):
+    if compat.losses_added_in_call(model):
         raise GhostClippingUnsupportedError(
             "the model adds losses in call (add_loss or activity"
             " regularization); they are per-example terms this module does"

@@ -1,9 +1,10 @@
-"""The Keras internals tf_dpadam relies on, in one place.
+"""tf_dpadam's compatibility layer: every private Keras or TensorFlow API it uses.
 
-Everything here reads or patches a private attribute of Keras 3 (stable
-across the Keras 3 releases this project supports); the rest of the library
-only calls these functions. If a Keras release moves one of them, this is
-the only file to change (the privacy zoo test would fail loudly).
+Everything here reads, calls or patches a private attribute or module of
+Keras 3 or TensorFlow (stable across the releases setup.py pins); the rest
+of the library only calls these functions, and
+`tests/package_structure_test.py` checks that. If a release moves one of
+them, this is the only file to change (the privacy zoo test fails loudly).
 """
 
 import contextlib

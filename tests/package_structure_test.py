@@ -1,0 +1,143 @@
+"""The library's shape: small modules, private APIs only in `compat`.
+
+Three rules a contributor can rely on, checked on the source:
+- no library module is over 400 lines;
+- no module uses a private name (`_name`) of another tf_dpadam module;
+- every private Keras or TensorFlow API (`keras.src`, `tensorflow.python`,
+  or a `._private` attribute of an object that is not the module's own
+  `self`/`cls`) is used in `tf_dpadam/compat.py` only.
+"""
+
+import ast
+import pathlib
+
+from absl.testing import absltest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_dpadam"
+MAX_LINES = 400
+PRIVATE_MODULES = ("keras.src", "tensorflow.python")
+# Underscored names that are public APIs (namedtuple's, the standard library's).
+PUBLIC_UNDERSCORED = ("_replace", "_asdict", "_fields", "_make", "_getframe")
+
+
+def library_files():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    name = ".".join(parts)
+    return name.removesuffix(".__init__")
+
+
+def imported_modules(path, tree):
+    """Local name -> tf_dpadam module name, for `import`/`from` statements."""
+    own = module_name(path)
+    package = own if path.name == "__init__.py" else own.rsplit(".", 1)[0]
+    modules = {module_name(p) for p in library_files()}
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in modules:
+                    names[alias.asname or alias.name] = full
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tf_dpadam") and alias.asname:
+                    names[alias.asname] = alias.name
+    return names
+
+
+def is_private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(path):
+    """(line, text) of each use of another module's private name."""
+    tree = ast.parse(path.read_text())
+    local = imported_modules(path, tree)
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "tf_dpadam") or isinstance(node, ast.ImportFrom) and node.level:
+            for alias in node.names:
+                if is_private(alias.name):
+                    uses.append((node.lineno, f"import {alias.name}"))
+        if (isinstance(node, ast.Attribute) and is_private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in local):
+            uses.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return uses
+
+
+def foreign_private_api_uses(path):
+    """(line, text) of each private Keras/TF API use outside `compat`."""
+    tree = ast.parse(path.read_text())
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith(PRIVATE_MODULES)):
+            names = ", ".join(alias.name for alias in node.names)
+            uses.append((node.lineno, f"from {node.module} import {names}"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(PRIVATE_MODULES):
+                    uses.append((node.lineno, f"import {alias.name}"))
+        elif (isinstance(node, ast.Attribute) and is_private(node.attr)
+              and node.attr not in PUBLIC_UNDERSCORED):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and isinstance(
+                    owner.func, ast.Name) and owner.func.id == "super":
+                # Overriding a Keras hook and calling the parent's.
+                uses.append((node.lineno, f"super().{node.attr}"))
+                continue
+            uses.append((node.lineno, f"<...>.{node.attr}"))
+    return uses
+
+
+class PackageStructureTest(absltest.TestCase):
+
+    def test_finds_the_library(self):
+        names = {module_name(p) for p in library_files()}
+        self.assertIn("tf_dpadam.compat", names)
+        self.assertGreater(len(names), 30)
+
+    def test_no_module_over_400_lines(self):
+        long = {str(p.relative_to(PACKAGE.parent)): n
+                for p in library_files()
+                if (n := len(p.read_text().splitlines())) > MAX_LINES}
+        self.assertEqual(long, {})
+
+    def test_no_private_name_of_another_module(self):
+        found = {str(p.relative_to(PACKAGE.parent)): private_uses(p)
+                 for p in library_files()}
+        self.assertEqual({k: v for k, v in found.items() if v}, {})
+
+    def test_private_keras_and_tensorflow_apis_only_in_compat(self):
+        found = {}
+        for path in library_files():
+            if path.name == "compat.py" and path.parent == PACKAGE:
+                continue
+            if uses := foreign_private_api_uses(path):
+                found[str(path.relative_to(PACKAGE.parent))] = uses
+        self.assertEqual(found, {})
+
+    def test_the_checks_can_fail(self):
+        sample = PACKAGE.parent / "tests" / "testdata" / "structure_sample.py"
+        self.assertTrue(sample.exists())
+        # A file that breaks each rule once is reported by each check.
+        self.assertEqual(
+            [text for _, text in foreign_private_api_uses(sample)],
+            ["from keras.src.utils import x", "<...>._flatten_layers",
+             "super()._backend_update_step"])
+
+
+if __name__ == "__main__":
+    absltest.main()
