@@ -124,7 +124,7 @@ def _allocator_info():
 def _cnn_setup(batch, steps):
     import numpy as np
 
-    from examples import models
+    from research import models
 
     x = np.random.default_rng(0).random((batch, 32, 32, 3), "float32")
     y = np.random.default_rng(1).integers(0, 10, batch)
@@ -132,7 +132,7 @@ def _cnn_setup(batch, steps):
 
 
 def _text_setup(batch, steps):
-    from examples import models
+    from research import models
 
     try:
         preset = models.default_offline_preset()
@@ -160,7 +160,7 @@ def _text_batch(preprocessor, batch):
 def _minilm_shaped_bert(sequence_length):
     """`(backbone, preprocessor)`: the MiniLM preset if installed, else a
     randomly initialized BERT of its shape (6 layers, 384 wide)."""
-    from examples import models
+    from research import models
 
     try:
         return models.load_bert(models.default_offline_preset(),
@@ -177,7 +177,7 @@ def _cls_head_setup(batch, prepare):
     called on the backbone first (to choose what is trainable)."""
     import keras
 
-    from examples import models
+    from research import models
 
     backbone, preprocessor = _minilm_shaped_bert(128)
     prepare(backbone)

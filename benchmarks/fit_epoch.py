@@ -24,7 +24,7 @@ import keras
 import numpy as np
 
 import tf_dpadam
-from examples import models
+from research import models
 
 flags.DEFINE_integer("num_examples", 12800, "N.")
 flags.DEFINE_integer("batch_size", 256, "B.")

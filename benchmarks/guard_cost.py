@@ -16,7 +16,7 @@ import tensorflow as tf
 from absl import app
 
 import tf_dpadam
-from examples import models
+from research import models
 from tf_dpadam import independence
 
 BATCH = 256

@@ -2,9 +2,9 @@
 
     python -m benchmarks.run_memory [--megabytes=1000] [--runs=4]
 
-A study process (`examples.reproduce`) trains its runs one after another
+A study process (`research.reproduce`) trains its runs one after another
 on the same in-memory features. This trains `--runs` small DP runs
-(`examples.training.fit_private`, a Dense head, 40 steps) on one float32
+(`research.training.fit_private`, a Dense head, 40 steps) on one float32
 array of about `--megabytes` and prints the process's resident memory
 before and after each (after `keras.backend.clear_session`, the garbage
 collector and glibc's `malloc_trim`), in MB.
@@ -29,9 +29,9 @@ from absl import flags
 import keras
 import numpy as np
 
-from examples import common
-from examples import runs
-from examples import training
+from research import common
+from research import runs
+from research import training
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("megabytes", 1000, "Size of the training array.")

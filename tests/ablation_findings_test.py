@@ -1,9 +1,9 @@
-"""examples/ablation_findings.py: the noise threshold and the paragraphs of
+"""research/ablation_findings.py: the noise threshold and the paragraphs of
 the ablations report, on hand-computed cases."""
 
 from absl.testing import absltest
 
-from examples import ablation_findings
+from research import ablation_findings
 
 
 class JudgingTest(absltest.TestCase):

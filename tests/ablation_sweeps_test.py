@@ -1,13 +1,13 @@
-"""examples/ablation_sweeps.py: the swept values, the arms of each ablation
+"""research/ablation_sweeps.py: the swept values, the arms of each ablation
 and where their runs live, by hand and on recorded runs (tests/testdata)."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from examples import ablation_sweeps
-from examples import common
-from examples import experiments
-from examples.ablation_sweeps import Arm
+from research import ablation_sweeps
+from research import common
+from research import experiments
+from research.ablation_sweeps import Arm
 
 import helpers
 

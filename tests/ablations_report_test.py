@@ -1,4 +1,4 @@
-"""examples/ablations_report.py: the ablations report rendered from recorded
+"""research/ablations_report.py: the ablations report rendered from recorded
 runs (tests/testdata), and its scale sentence."""
 
 import os
@@ -6,10 +6,10 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import ablation_sweeps
-from examples import ablations_report
-from examples import common
-from examples import experiments
+from research import ablation_sweeps
+from research import ablations_report
+from research import common
+from research import experiments
 
 import helpers
 
@@ -40,13 +40,13 @@ class RecordedRunsTest(absltest.TestCase):
 
     def test_report_of_the_recorded_runs_is_unchanged(self):
         # tests/testdata/golden was rendered from the same runs before the
-        # report code moved out of examples/ablations.py (seed 1 of the
+        # report code moved out of research/ablations.py (seed 1 of the
         # reference was never run: "not run").
         runs_dir = helpers.copy_testdata("runs_ablations")
         output_dir = tempfile.mkdtemp()
         path = ablations_report.write_report(
             spread_seeds=(1,), output_dir=output_dir,
-            command="python -m examples.ablations --notrain",
+            command="python -m research.ablations --notrain",
             machine=_MACHINE, **recorded_ablations(runs_dir))
         with open(path, encoding="utf-8") as f:
             text = f.read().replace(runs_dir, "runs/ablations")

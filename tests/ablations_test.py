@@ -1,4 +1,4 @@
-"""examples/ablations.py: the binary's pipeline (which runs train, which are
+"""research/ablations.py: the binary's pipeline (which runs train, which are
 read back or refused) on a fake training; the report itself is tested on
 recorded runs in ablations_report_test.py."""
 
@@ -8,10 +8,10 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import flagsaver
 
-from examples import ablation_sweeps
-from examples import ablations
-from examples import common
-from examples import experiments
+from research import ablation_sweeps
+from research import ablations
+from research import common
+from research import experiments
 
 import helpers
 
@@ -35,7 +35,7 @@ class PipelineTest(absltest.TestCase):
         path = ablations.run_ablations(
             ablation_sweeps.ABLATIONS,
             train_fn=helpers.fake_train_fn(lambda c: 0.8, trained),
-            command="python -m examples.ablations", **kwargs)
+            command="python -m research.ablations", **kwargs)
         # phi: 2 (with the reference); gamma: + 1e-8; beta: DP-AdamBC
         # paired, DP-Adam paired and DP-Adam default; lr: + DP-AdamBC at
         # 1e-2 (its 1e-3 and DP-Adam's 1e-2 are runs above); then seed 1

@@ -1,4 +1,4 @@
-"""Tests of the audit binaries (examples/audit.py, examples/audit_table.py).
+"""Tests of the audit binaries (research/audit.py, research/audit_table.py).
 
 The end-to-end tests train the paper's CNN on a Fashion-MNIST subset (a
 short run; skipped where Debian's dataset-fashion-mnist is not installed):
@@ -16,9 +16,9 @@ from absl import app
 
 import tf_dpadam
 
-from examples import audit
-from examples import audit_table
-from examples import datasets
+from research import audit
+from research import audit_table
+from research import datasets
 from tf_dpadam import audit as audit_lib
 
 HAVE_FASHION_MNIST = datasets.fashion_mnist_files() is not None
@@ -90,7 +90,7 @@ def test_table_has_a_row_per_setting_and_flags_l_above_e():
 @pytest.mark.skipif(not HAVE_FASHION_MNIST, reason="needs Fashion-MNIST")
 def test_binary_prints_the_documented_last_line():
     result = subprocess.run(
-        [sys.executable, "-m", "examples.audit", "--train_size=300",
+        [sys.executable, "-m", "research.audit", "--train_size=300",
          "--batch_size=30", "--steps=5", "--num_canaries=50",
          "--num_guesses=10"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,

@@ -21,7 +21,7 @@ What it checks, for the repository that contains this file:
   in them that the target needs is a DIRECT dep (Bazel's layering
   convention; a dep reached only through another target does not count):
     - a project module (a file under the repository root: `tf_dpadam.x`,
-      `examples.common`, `tests/helpers.py` imported as `helpers` or as
+      `research.common`, `tests/helpers.py` imported as `helpers` or as
       `tests.helpers`, relative imports inside packages) must be provided by
       a target in `deps` that has that file in its srcs. `from P import n`
       needs the target of module `P.n` if that is a file, else that of `P`.
@@ -37,7 +37,7 @@ What it checks, for the repository that contains this file:
       functions are checked: they run when the function does.
   Extra (unused) deps are not reported: data-only deps such as
   `//tests:distribute_check` (run as a subprocess) are legitimate.
-* Every .py file under tf_dpadam/, examples/ and benchmarks/ and every
+* Every .py file under tf_dpadam/, research/ and benchmarks/ and every
   tests/*_test.py is in the srcs of exactly one target, and no file is in the
   srcs of two targets. tests/conftest.py is exempt: pytest loads it as a
   plugin and nothing imports it; under Bazel the environment it sets comes
@@ -1014,8 +1014,8 @@ class CheckerTest(parameterized.TestCase):
     @parameterized.parameters(
         ("//tf_dpadam", "x", "//tf_dpadam:tf_dpadam"),
         ("//tf_dpadam:privatizer", "x", "//tf_dpadam:privatizer"),
-        (":common", "examples", "//examples:common"),
-        ("common", "examples", "//examples:common"),
+        (":common", "examples", "//research:common"),
+        ("common", "examples", "//research:common"),
         ("//:requirements_lock.txt", "x", "//:requirements_lock.txt"),
         ("@pypi//absl_py", "x", "@pypi//absl_py:absl_py"),
         ("@//tests:helpers", "x", "//tests:helpers"),

@@ -12,82 +12,82 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import datasets
+from research import datasets
 
 import binary_driver
 
-BINARIES = ("examples.train_image", "examples.train_text",
-            "examples.reproduce", "examples.ablations",
-            "examples.diagnostics")
+BINARIES = ("research.train_image", "research.train_text",
+            "research.reproduce", "research.ablations",
+            "research.diagnostics")
 
 _FASHION_MNIST = datasets.fashion_mnist_files() is not None
 _EMPTY_DIR = tempfile.mkdtemp()
 
 # (binary, arguments, what the one line must contain: the flag, the reason).
 USAGE_ERRORS = [
-    ("examples.train_image", ["--noise_multiplier=-1"],
+    ("research.train_image", ["--noise_multiplier=-1"],
      "--noise_multiplier=-1.0: Expected noise_multiplier=-1.0 to be a finite"
      " number >= 0"),
-    ("examples.train_image", ["--target_epsilon=-3"],
+    ("research.train_image", ["--target_epsilon=-3"],
      "--target_epsilon=-3.0: Expected target_epsilon=-3.0"),
-    ("examples.train_image", ["--target_epsilon=0"],
+    ("research.train_image", ["--target_epsilon=0"],
      "Give --target_epsilon > 0 or --epochs"),
-    ("examples.train_image", ["--l2_norm_clip=0"], "--l2_norm_clip=0.0"),
-    ("examples.train_image", ["--delta=1.5"], "--delta=1.5"),
-    ("examples.train_image", ["--epsilon=tiny"],
+    ("research.train_image", ["--l2_norm_clip=0"], "--l2_norm_clip=0.0"),
+    ("research.train_image", ["--delta=1.5"], "--delta=1.5"),
+    ("research.train_image", ["--epsilon=tiny"],
      "--epsilon=tiny: Expected epsilon='tiny' to be a number"),
-    ("examples.train_image", ["--dataset=mnist"], "--dataset=mnist"),
-    ("examples.train_image", ["--beta_2=1"], "--beta_2=1.0"),
-    ("examples.train_image", ["stray"], "Unexpected arguments"),
-    ("examples.train_image", ["--weight_decay=-0.1"],
+    ("research.train_image", ["--dataset=mnist"], "--dataset=mnist"),
+    ("research.train_image", ["--beta_2=1"], "--beta_2=1.0"),
+    ("research.train_image", ["stray"], "Unexpected arguments"),
+    ("research.train_image", ["--weight_decay=-0.1"],
      "--weight_decay=-0.1: Expected weight_decay=-0.1 to be a finite number"
      " >= 0"),
-    ("examples.train_image", ["--optimizer=dpsgd", "--weight_decay=0.5"],
+    ("research.train_image", ["--optimizer=dpsgd", "--weight_decay=0.5"],
      "Expected --weight_decay=0.5 times the learning rate 4 < 1"),
-    ("examples.train_image", ["--ema_momentum=1"],
+    ("research.train_image", ["--ema_momentum=1"],
      "--ema_momentum=1.0: Expected ema_momentum=1.0 in (0, 1)"),
-    ("examples.train_image", ["--normalization=batch"],
+    ("research.train_image", ["--normalization=batch"],
      "--normalization=batch"),
-    ("examples.train_image", ["--augmult=-1"],
+    ("research.train_image", ["--augmult=-1"],
      "--augmult=-1: Expected augmult=-1 to be a finite number >= 0"),
     # No network here: cifar10 is neither prepared in an empty folder nor
     # downloadable; the line names the offline alternatives.
-    ("examples.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],
+    ("research.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],
      "cannot be downloaded"),
-    ("examples.train_text", ["--sequence_length=0"], "--sequence_length=0"),
-    ("examples.train_text", [], "--dataset=sst2_tsv needs --data_dir"),
-    ("examples.train_text", [f"--data_dir={_EMPTY_DIR}"],
+    ("research.train_text", ["--sequence_length=0"], "--sequence_length=0"),
+    ("research.train_text", [], "--dataset=sst2_tsv needs --data_dir"),
+    ("research.train_text", [f"--data_dir={_EMPTY_DIR}"],
      "--data_dir: [Errno 2] No such file or directory"),
-    ("examples.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
-    ("examples.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
-    ("examples.train_text", ["--finetune_blocks=-1"],
+    ("research.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
+    ("research.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
+    ("research.train_text", ["--finetune_blocks=-1"],
      "Expected finetune_blocks=-1 >= 0 (0: every block)"),
-    ("examples.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
+    ("research.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
      "--learning_rates_dpsgd=['0.1', 'fast']: Expected"
      " learning_rates_dpsgd='fast' to be a number"),
-    ("examples.reproduce", ["--seeds=0,one"], "--seeds"),
-    ("examples.reproduce", ["--target_epsilon=-3"], "--target_epsilon"),
-    ("examples.reproduce", ["--target_epsilon=0"],
+    ("research.reproduce", ["--seeds=0,one"], "--seeds"),
+    ("research.reproduce", ["--target_epsilon=-3"], "--target_epsilon"),
+    ("research.reproduce", ["--target_epsilon=0"],
      "Give target_epsilon > 0 or epochs"),
-    ("examples.ablations", ["--beta_2s=0.99,1.5"], "--beta_2s"),
-    ("examples.ablations", ["--gammas=1e-8,lots"], "--gammas"),
-    ("examples.ablations", ["--seed=1", "--spread_seeds=1,2"],
+    ("research.ablations", ["--beta_2s=0.99,1.5"], "--beta_2s"),
+    ("research.ablations", ["--gammas=1e-8,lots"], "--gammas"),
+    ("research.ablations", ["--seed=1", "--spread_seeds=1,2"],
      "--spread_seeds repeats --seed=1"),
-    ("examples.ablations", ["--physical_batch_size=0"],
+    ("research.ablations", ["--physical_batch_size=0"],
      "--physical_batch_size=0"),
-    ("examples.diagnostics", ["--report_steps=10,0"], "--report_steps"),
-    ("examples.diagnostics", ["--optimizer=dpsgd"],
+    ("research.diagnostics", ["--report_steps=10,0"], "--report_steps"),
+    ("research.diagnostics", ["--optimizer=dpsgd"],
      "use --optimizer=dpadam_corrected or dpadam"),
-    ("examples.diagnostics", ["--eval_every=0"], "--eval_every=0"),
+    ("research.diagnostics", ["--eval_every=0"], "--eval_every=0"),
 ]
 if _FASHION_MNIST:  # Impossible settings found once the data is loaded.
     USAGE_ERRORS += [
-        ("examples.train_image",
+        ("research.train_image",
          ["--target_epsilon=0.5", "--max_examples=512"],
          "Expected target_epsilon=0.5 >= "),
-        ("examples.train_image", ["--batch_size=1000", "--max_examples=500"],
+        ("research.train_image", ["--batch_size=1000", "--max_examples=500"],
          "Expected batch_size=1000 <= num_examples=500"),
-        ("examples.diagnostics",
+        ("research.diagnostics",
          ["--target_epsilon=0.5", "--max_examples=512"],
          "Expected target_epsilon=0.5 >= "),
     ]

@@ -20,7 +20,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER = r"""
 import importlib, json, os, sys, tempfile, traceback
 cases = json.load(sys.stdin)
-from examples import shared_flags
+from research import shared_flags
 modules = {name: importlib.import_module(name)
            for name in sorted({case["module"] for case in cases})}
 from absl import flags
@@ -69,7 +69,7 @@ print("RESULTS " + json.dumps(results))
 
 
 def run_cases(cases):
-    """Runs the cases (dicts: "module", e.g. "examples.train_image"; "args";
+    """Runs the cases (dicts: "module", e.g. "research.train_image"; "args";
     "mode": "run" as `python -m`, "parse" the flags only, or "help" the
     flags that --help lists) forked from one process; returns dicts of
     "code", "stdout" and "stderr"."""

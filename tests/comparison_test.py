@@ -1,13 +1,13 @@
-"""examples/comparison.py: seed statistics and the verdict, by hand."""
+"""research/comparison.py: seed statistics and the verdict, by hand."""
 
 import math
 
 import numpy as np
 from absl.testing import absltest
 
-from examples import comparison
-from examples import experiments
-from examples.runs import Setting
+from research import comparison
+from research import experiments
+from research.runs import Setting
 
 
 class ComparisonTest(absltest.TestCase):

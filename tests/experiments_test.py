@@ -1,4 +1,4 @@
-"""examples/experiments.py: grids, plans and phases, on a fake training
+"""research/experiments.py: grids, plans and phases, on a fake training
 (no TensorFlow training) and on recorded runs (tests/testdata)."""
 
 import dataclasses
@@ -11,10 +11,10 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from examples import common
-from examples import experiments
-from examples import runs
-from examples.runs import Setting
+from research import common
+from research import experiments
+from research import runs
+from research.runs import Setting
 
 import helpers
 
@@ -102,7 +102,7 @@ class GridTest(absltest.TestCase):
              "finetune_blocks": 2, "pooling": "cls"})
         self.assertNotIn("pooling", experiments.data_spec("sst2"))
         self.assertNotIn("lora_rank", experiments.data_spec("sst2_full"))
-        from examples import train_text
+        from research import train_text
         for task, expected in (("sst2", {"finetune": "last_block"}),
                                ("sst2_lora", {"finetune": "lora",
                                               "lora_rank": 4}),
@@ -176,7 +176,7 @@ class PhasesTest(absltest.TestCase):
         calls = []
         # The larger the learning rate, the better (DP-SGD: 1.0).
         train_fn = helpers.fake_train_fn(lambda c: min(0.9, c.learning_rate), calls)
-        kwargs = dict(command="python -m examples.reproduce",
+        kwargs = dict(command="python -m research.reproduce",
                       machine={"platform": "test"})
         with self.assertRaisesRegex(ValueError, "--phase=tune first"):
             experiments.run_phase(plan, train_fn, "seeds", **kwargs)
@@ -211,7 +211,7 @@ class PhasesTest(absltest.TestCase):
             return 0.9 - 0.1 * distance
 
         calls = []
-        kwargs = dict(command="python -m examples.reproduce",
+        kwargs = dict(command="python -m research.reproduce",
                       machine={"platform": "test"})
         experiments.run_phase(plan, helpers.fake_train_fn(accuracy, calls),
                               "tune", **kwargs)

@@ -1,4 +1,4 @@
-"""examples/finetune_report.py: the fine-tuning page from task summaries."""
+"""research/finetune_report.py: the fine-tuning page from task summaries."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import finetune_report
+from research import finetune_report
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 

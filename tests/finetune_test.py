@@ -8,10 +8,10 @@ import numpy as np
 from absl.testing import absltest
 
 
-from examples import datasets
-from examples import finetune
-from examples import models
-from examples import train_text
+from research import datasets
+from research import finetune
+from research import models
+from research import train_text
 
 import helpers
 

@@ -14,7 +14,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from examples import models
+from research import models
 
 import helpers
 

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from examples import common
-from examples import runs
-from examples import experiments
+from research import common
+from research import runs
+from research import experiments
 import tf_dpadam
 from tf_dpadam import dp_math
 from tf_dpadam import ghost_clipping

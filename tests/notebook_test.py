@@ -1,4 +1,4 @@
-"""examples/tpu_colab.ipynb runs on CPU (its TPU branch skipped) on a tiny
+"""research/tpu_colab.ipynb runs on CPU (its TPU branch skipped) on a tiny
 setting, and still shows Colab users the TPU path.
 
 The notebook's code cells, less their shell lines (`!pip install ...`, which

@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
-from examples import models
+from research import models
 
 import helpers
 

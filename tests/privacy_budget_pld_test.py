@@ -170,7 +170,7 @@ class DefaultAccountantTest(absltest.TestCase):
         self.assertEqual(order, 8.0)
 
     def test_the_binaries_account_with_pld(self):
-        from examples import common
+        from research import common
         config = common.base_config("fashion_mnist", target_epsilon=7.0,
                                     delta=DELTA)
         steps = common.total_steps(config, N)

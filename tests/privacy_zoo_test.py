@@ -752,7 +752,7 @@ _BERT_LENGTH = 8
 
 def _bert():
     import keras_hub
-    from examples import models
+    from research import models
 
     try:
         preset = models.default_offline_preset()

@@ -20,7 +20,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import shared_flags
+from research import shared_flags
 
 import binary_driver
 
@@ -38,12 +38,12 @@ BENCHMARKS = "PYTHONPATH=. python benchmarks/benchmark.py"
 # Not run, their flags are parsed: experiments of 22 to 24 runs (~0.5-3.5
 # h), and the text binary (~55 s even shortened: it loads MiniLM and embeds
 # 4,096 sentences; examples_binaries_test runs its code on a tiny BERT).
-PARSED_ONLY = ("python -m examples.reproduce", "python -m examples.ablations",
-               "python -m examples.train_text",
-               "python -m examples.audit_table")  # 12 audits.
+PARSED_ONLY = ("python -m research.reproduce", "python -m research.ablations",
+               "python -m research.train_text",
+               "python -m research.audit_table")  # 12 audits.
 # The audit's binaries (another developer's): skipped until their file
 # exists, then run with the same variable (or parsed, above).
-AUDIT = "python -m examples.audit"
+AUDIT = "python -m research.audit"
 
 
 def readme_commands(text):
@@ -109,9 +109,9 @@ class ReadmeCommandsTest(absltest.TestCase):
 
     def test_the_extraction_finds_the_documented_commands(self):
         self.assertIn("bash setup.sh", self.commands)
-        self.assertIn("python -m examples.train_image --dataset=fashion_mnist"
+        self.assertIn("python -m research.train_image --dataset=fashion_mnist"
                       " --optimizer=dpadam_corrected", self.commands)
-        self.assertIn("python -m examples.train_text"
+        self.assertIn("python -m research.train_text"
                       " --data_dir=../shared/data/sst2 --sequence_length=32"
                       " --noise_multiplier=0.5", self.commands)
         self.assertIn("python -m tf_dpadam.privacy --num_examples=60000"
@@ -170,13 +170,13 @@ class ReadmeCommandsTest(absltest.TestCase):
 
     def _check_output(self, command, out):
         module = _module(command)
-        if module == "examples.train_image":
+        if module == "research.train_image":
             # At most the smoke test's 2 steps (epsilon 7 allows 1 on 4,096
             # examples); the epoch line counts the steps that ran.
             steps = re.search(r"test accuracy 0?\.\d+ after ([12]) steps;"
                               r" spent epsilon \d+\.\d+", out).group(1)
             self.assertRegex(out, rf"(?m)^{steps}/{steps} - .* epsilon: ")
-        elif module == "examples.diagnostics":
+        elif module == "research.diagnostics":
             self.assertRegex(out, r"wrote docs/DIAGNOSTICS_fashion_mnist\.md;"
                                   r" .* after [12] steps")
         elif module == "tf_dpadam.privacy":

@@ -1,4 +1,4 @@
-"""examples/reproduce.py: the binary end to end on tiny Fashion-MNIST-format
+"""research/reproduce.py: the binary end to end on tiny Fashion-MNIST-format
 files (the report's contents are tested on recorded runs in
 results_report_test.py, the phases on a fake training in
 experiments_test.py)."""
@@ -12,10 +12,10 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import flagsaver
 
-from examples import common
-from examples import experiments
-from examples import reproduce
-from examples import runs
+from research import common
+from research import experiments
+from research import reproduce
+from research import runs
 
 
 def _write_idx(path, array):
@@ -73,7 +73,7 @@ class PipelineTest(absltest.TestCase):
                                 machine=machine)
         path = reproduce.reproduce(plan, train_fn, phase="all",
                                    output_dir=output_dir,
-                                   command="python -m examples.reproduce",
+                                   command="python -m research.reproduce",
                                    machine=machine)
         self.assertLen(trained, 4)
         # The ceiling: Adam without noise or clipping, the DP runs' steps.

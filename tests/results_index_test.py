@@ -1,4 +1,4 @@
-"""examples/results_index.py: RESULTS.md from the recorded summaries in
+"""research/results_index.py: RESULTS.md from the recorded summaries in
 docs/ (byte for byte) and from hand-made ones."""
 
 import json
@@ -7,9 +7,9 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import experiments
-from examples import results_index
-from examples import runs
+from research import experiments
+from research import results_index
+from research import runs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +30,7 @@ class ResultsIndexTest(absltest.TestCase):
         self.assertGreaterEqual(len(recorded), 2)
         summaries = [runs.read_json(os.path.join(docs, f"RESULTS_{t}.json"))
                      for t in recorded]
-        # And the studies' summaries (examples.study) recorded there.
+        # And the studies' summaries (research.study) recorded there.
         studies_by_stem = results_index.study_summaries(docs)
         self.assertIn("BEST_RECIPE_fashion_mnist", studies_by_stem)
         self.assertIn("REGIME_MAP_fashion_mnist", studies_by_stem)

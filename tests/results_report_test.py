@@ -1,4 +1,4 @@
-"""examples/results_report.py (and examples/plots.py): the reports, rendered
+"""research/results_report.py (and research/plots.py): the reports, rendered
 from recorded runs (tests/testdata, docs/RESULTS_<task>.json) and from
 hand-made records, without training."""
 
@@ -8,11 +8,11 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import common
-from examples import experiments
-from examples import results_report
-from examples import runs
-from examples.runs import Setting
+from research import common
+from research import experiments
+from research import results_report
+from research import runs
+from research.runs import Setting
 
 import helpers
 
@@ -37,12 +37,12 @@ class RecordedRunsTest(absltest.TestCase):
 
     def test_report_of_the_recorded_runs_is_unchanged(self):
         # tests/testdata/golden was rendered from the same runs before the
-        # report code moved out of examples/reproduce.py.
+        # report code moved out of research/reproduce.py.
         runs_dir = helpers.copy_testdata("runs_fashion_mnist")
         output_dir = tempfile.mkdtemp()
         path = results_report.write_report(
             helpers.recorded_plan(runs_dir), output_dir,
-            "python -m examples.reproduce --phase=report", _MACHINE)
+            "python -m research.reproduce --phase=report", _MACHINE)
         self.assertEqual(path, os.path.join(output_dir,
                                             "RESULTS_fashion_mnist.md"))
         for name in ("RESULTS_fashion_mnist.md", "RESULTS_fashion_mnist.json",
@@ -63,7 +63,7 @@ class RecordedRunsTest(absltest.TestCase):
             plan, records, best, "cmd", _MACHINE, {"report": "r.md"})
         self.assertEqual(summary["runs"], 9)
         self.assertEqual(summary["privacy"]["steps"], [4])
-        self.assertEqual(summary["commands"], ["python -m examples.reproduce"])
+        self.assertEqual(summary["commands"], ["python -m research.reproduce"])
         self.assertEqual(sorted(summary["optimizers"]),
                          ["dpadam", "dpadam_corrected", "dpsgd"])
         self.assertTrue(all(row["seeds"] == 2
@@ -137,7 +137,7 @@ class LazyPlottingTest(absltest.TestCase):
                                else [node.module or ""])
                     self.assertFalse(
                         any(m.split(".")[0] == "matplotlib" for m in modules),
-                        f"examples/{name}:{node.lineno} imports matplotlib")
+                        f"research/{name}:{node.lineno} imports matplotlib")
 
 
 if __name__ == "__main__":

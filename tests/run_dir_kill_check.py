@@ -1,8 +1,8 @@
-"""One process of tests/run_dir_kill_test.py: examples.training in a model_dir.
+"""One process of tests/run_dir_kill_test.py: research.training in a model_dir.
 
     python run_dir_kill_check.py MODEL_DIR LOG
 
-Trains a tiny private model (`examples.training.fit_private`, Poisson
+Trains a tiny private model (`research.training.fit_private`, Poisson
 batches, a checkpoint after every step) for `TOTAL_STEPS` steps in
 MODEL_DIR, resuming what is there, and is meant to be SIGKILLed at random
 moments by the test. Appends to LOG (one line each, flushed):
@@ -21,7 +21,7 @@ import time
 import keras
 import numpy as np
 
-from examples import training
+from research import training
 import helpers
 
 TOTAL_STEPS = 40

@@ -1,4 +1,4 @@
-"""examples.training's run directory under SIGKILL at random moments (issue 34).
+"""research.training's run directory under SIGKILL at random moments (issue 34).
 
 A child process (tests/run_dir_kill_check.py) trains a tiny private model
 with a checkpoint after every step in one model_dir and is killed with
@@ -30,8 +30,8 @@ import numpy as np
 from absl.testing import absltest
 
 import tf_dpadam
-from examples import common
-from examples import runs
+from research import common
+from research import runs
 from tests import run_dir_kill_check as check
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -1,4 +1,4 @@
-"""examples/run_records.py: finished runs saved and restored, others not."""
+"""research/run_records.py: finished runs saved and restored, others not."""
 
 import json
 import os
@@ -6,8 +6,8 @@ import tempfile
 
 from absl.testing import absltest
 
-from examples import run_records
-from examples import runs
+from research import run_records
+from research import runs
 
 
 def _run(root, name, status, steps=4):

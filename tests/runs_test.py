@@ -1,4 +1,4 @@
-"""examples/runs.py: a run folder is written once, read back, resumed, and
+"""research/runs.py: a run folder is written once, read back, resumed, and
 refused when it holds another run; on recorded runs and a fake training."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import threading
 
 from absl.testing import absltest
 
-from examples import common
-from examples import runs
-from examples.runs import Setting
+from research import common
+from research import runs
+from research.runs import Setting
 
 import helpers
 
@@ -69,7 +69,7 @@ class RunFolderTest(absltest.TestCase):
                          ("dpsgd_lr1_seed0", setting, 0, 4, 64))
         self.assertEqual(record.accuracy, 0.21875)
         self.assertEqual(record.history, ((2, 0.0), (4, 0.21875)))
-        self.assertEqual(record.command, "python -m examples.reproduce")
+        self.assertEqual(record.command, "python -m research.reproduce")
         self.assertFalse(record.resumed)
 
     def test_execute_trains_once_then_reads_back(self):

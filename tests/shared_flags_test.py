@@ -1,4 +1,4 @@
-"""examples/shared_flags.py: the flags' defaults and parsing."""
+"""research/shared_flags.py: the flags' defaults and parsing."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import flagsaver
 
-from examples import common
-from examples import shared_flags
+from research import common
+from research import shared_flags
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +100,7 @@ class HelpTest(absltest.TestCase):
 
     def test_help_lists_the_shared_flags(self):
         run = subprocess.run(
-            [sys.executable, "-m", "examples.train_image", "--help"],
+            [sys.executable, "-m", "research.train_image", "--help"],
             cwd=_ROOT, capture_output=True, text=True, timeout=300,
             check=False)
         for flag in ("--dataset", "--optimizer", "--noise_multiplier",

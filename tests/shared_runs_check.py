@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from examples import experiments
+from research import experiments
 
 import helpers
 

@@ -1,10 +1,10 @@
-"""examples/study_moments.py: the statistics of Adam's second moment on
+"""research/study_moments.py: the statistics of Adam's second moment on
 hand-made moments (hand-computed values in the comments)."""
 
 import numpy as np
 from absl.testing import absltest
 
-from examples import study_moments
+from research import study_moments
 
 
 class MomentsTest(absltest.TestCase):

@@ -1,4 +1,4 @@
-"""examples/study_plan.py: cells calibrated to epsilon at equal epochs, the
+"""research/study_plan.py: cells calibrated to epsilon at equal epochs, the
 grids, the phases on a fake training, refusal of other settings, and the
 moment statistics against NumPy."""
 
@@ -11,9 +11,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from examples import common
-from examples import study_plan
-from examples import study_report
+from research import common
+from research import study_plan
+from research import study_report
 
 import helpers
 

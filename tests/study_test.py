@@ -1,4 +1,4 @@
-"""examples/study.py end to end on tiny Fashion-MNIST-format files: real
+"""research/study.py end to end on tiny Fashion-MNIST-format files: real
 runs of the CNN in two cells calibrated to epsilon = 3 at equal epochs, read
 back by a second call, a folder of other settings refused, the report
 written, and each run's median (v_hat - Phi) / Phi against NumPy on its
@@ -13,9 +13,9 @@ import keras
 import numpy as np
 from absl.testing import absltest
 
-from examples import datasets
-from examples import study
-from examples import study_plan
+from research import datasets
+from research import study
+from research import study_plan
 
 
 def _tiny_images(num_train=64, num_test=32):

@@ -1,4 +1,4 @@
-"""examples/training.py: the examples' one training loop on tiny data."""
+"""research/training.py: the examples' one training loop on tiny data."""
 
 import contextlib
 import fcntl
@@ -16,9 +16,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from examples import common
-from examples import runs
-from examples import training
+from research import common
+from research import runs
+from research import training
 
 import helpers
 

@@ -21,7 +21,7 @@ for m = 1,000 at delta = 1e-5).
 * `hooks`: how the canaries reach a `PrivateModel`'s step, and
   `break_privatizer`, which breaks it on purpose to test the auditor.
 
-`python -m examples.audit` audits a run of the paper's CNN on Fashion-MNIST.
+`python -m research.audit` audits a run of the paper's CNN on Fashion-MNIST.
 """
 
 from tf_dpadam.audit.bound import best_possible_bound

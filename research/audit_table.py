@@ -1,11 +1,11 @@
 """The README's audit table: sigma against the audit's L and the claimed E.
 
-    python -m examples.audit_table --canaries=gradient,input
+    python -m research.audit_table --canaries=gradient,input
 
-Runs `examples.audit` once per sigma in --sigmas with the real privatizer,
+Runs `research.audit` once per sigma in --sigmas with the real privatizer,
 then once per break in --breaks at --break_sigma, for each canary kind, and
 prints a Markdown table (also written to --output if given). Every other
-setting is `examples.audit`'s default (see `examples.audit.AuditConfig`),
+setting is `research.audit`'s default (see `research.audit.AuditConfig`),
 overridable with --optimizer and --steps.
 """
 
@@ -14,8 +14,8 @@ import dataclasses
 from absl import app
 from absl import flags
 
-from examples import audit  # pylint: disable=g-bad-import-order
-from examples import shared_flags
+from research import audit  # pylint: disable=g-bad-import-order
+from research import shared_flags
 
 
 def define_flags():

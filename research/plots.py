@@ -1,14 +1,14 @@
 """The PNGs of the reports (matplotlib, imported only when a plot is drawn).
 
-`plot_curves` and `plot_tuning` for `examples.reproduce`'s
-RESULTS_<task>.md, `plot_ablation` for `examples.ablations`' report. Each
+`plot_curves` and `plot_tuning` for `research.reproduce`'s
+RESULTS_<task>.md, `plot_ablation` for `research.ablations`' report. Each
 draws on a `Figure` of the Agg backend, without pyplot's global state.
 """
 
-from examples import common
-from examples import comparison
-from examples import experiments
-from examples import runs
+from research import common
+from research import comparison
+from research import experiments
+from research import runs
 
 def new_figure(width, height):
     """A matplotlib Figure of `width` x `height` inches on the Agg canvas."""

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from examples.ablation_sweeps import GAMMA_OVER_PHI
+from research.ablation_sweeps import GAMMA_OVER_PHI
 
 # When the seed spread is not measured (no --spread_seeds), a difference of
 # two single-seed runs below this many points is called noise. For scale:

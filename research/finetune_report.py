@@ -1,6 +1,6 @@
 """FINETUNE_sst2.md: what to fine-tune privately, as measured on SST-2.
 
-`examples.reproduce` writes one summary per task (`RESULTS_<task>.json`).
+`research.reproduce` writes one summary per task (`RESULTS_<task>.json`).
 This page puts the three text tasks side by side: last block re-initialized
 (`sst2`, the paper's setting), LoRA (`sst2_lora`) and full fine-tuning
 (`sst2_full`), each with DP-SGD, DP-Adam and DP-AdamBC at their tuned best
@@ -14,8 +14,8 @@ these tasks' reports.
 
 import os
 
-from examples import common
-from examples import runs
+from research import common
+from research import runs
 
 # Task -> the mode's short name, in the page's order.
 MODES = {"sst2": "last block", "sst2_lora": "LoRA", "sst2_full": "full"}
@@ -130,8 +130,8 @@ def render(summaries, plot_file):
     lines = [
         "# Private fine-tuning on SST-2: last block, LoRA, full",
         "",
-        "Written by `examples/finetune_report.py` from the "
-        "`RESULTS_<task>.json` summaries of `examples/reproduce.py` "
+        "Written by `research/finetune_report.py` from the "
+        "`RESULTS_<task>.json` summaries of `research/reproduce.py` "
         f"({', '.join(f'`{t}`' for t in summaries)}). Each cell: dev "
         "accuracy (%) of the optimizer's best tuned learning rate, mean ± "
         "std over seeds, at ε ≈ 7 (δ = 1e-5). Hyperparameters are selected "
@@ -187,7 +187,7 @@ def render(summaries, plot_file):
 def plot(path, summaries):
     """Grouped bars: accuracy per mode and optimizer, ± std; the ceiling
     as a black tick."""
-    from examples import plots
+    from research import plots
 
     figure = plots.new_figure(6.5, 4.2)
     axes = figure.add_subplot()

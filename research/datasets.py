@@ -11,7 +11,7 @@ Images (`load_image_dataset`):
   `tfds.load("fashion_mnist")`.
 - `cifar10`: `tfds.load("cifar10")`.
 
-`examples.record_sources` reads a tensorflow-datasets dataset prepared in
+`research.record_sources` reads a tensorflow-datasets dataset prepared in
 the ArrayRecord format by random access (`--data_source`), for training sets
 larger than memory.
 
@@ -431,7 +431,7 @@ def preprocess(preprocessor, x, batch_size=1024):
     Args:
         preprocessor: a callable from a batch of strings (or a tuple of
             batches, for sentence pairs) to a dict of tensors, e.g. the
-            keras-hub preprocessor of `examples.models.make_text_classifier`.
+            keras-hub preprocessor of `research.models.make_text_classifier`.
         x: an array of str, or a tuple of them (pairs).
         batch_size: strings per preprocessor call.
 

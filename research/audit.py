@@ -1,8 +1,8 @@
 """Audits a DP training run from the outside, in one run (Steinke et al. 2023).
 
-    python -m examples.audit                         # the real privatizer
-    python -m examples.audit --break=no_noise        # must be caught: L > E
-    python -m examples.audit --canaries=input        # black-box, mislabeled
+    python -m research.audit                         # the real privatizer
+    python -m research.audit --break=no_noise        # must be caught: L > E
+    python -m research.audit --canaries=input        # black-box, mislabeled
 
 Trains the paper's CNN on a Fashion-MNIST subset with the given DP settings
 and m canaries, each included with probability 1/2, then guesses inclusion
@@ -35,14 +35,14 @@ from absl import app
 from absl import flags
 
 # Before Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 import keras
 import numpy as np
 
 import tf_dpadam
-from examples import common
-from examples import datasets
-from examples import models
+from research import common
+from research import datasets
+from research import models
 from tf_dpadam import audit
 
 DATASET = "fashion_mnist"

@@ -1,7 +1,7 @@
 """One run of the experiments: its setting, its folder, reading it back.
 
 A run is one `common.TrainConfig` trained in a folder of its own (the
-`model_dir` of `examples.training.fit_private`, which writes metrics.json
+`model_dir` of `research.training.fit_private`, which writes metrics.json
 there). `execute` adds `reproduce.json` beside it (data, wall time, command,
 machine, "done") and on a second call reads the finished run back instead of
 retraining it; an interrupted run resumes from its checkpoint. A folder that
@@ -9,7 +9,7 @@ holds a run of other hyperparameters or other data is refused
 (`check_run_dir`) rather than mixed in.
 
 Several processes can work through the same runs (e.g. the same
-`examples.reproduce` command started twice on a machine with cores to
+`research.reproduce` command started twice on a machine with cores to
 spare): a process trains a run only while it holds the run's lock (`LOCK`,
 an advisory `flock`, released by the system if the process dies), and
 `execute_all` trains the runs nobody holds first, then waits for the others
@@ -35,7 +35,7 @@ SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
 ELAPSED = "elapsed.json"
 # Held (flock) by the process that trains the run.
 LOCK = "run.lock"
-# What `examples.training` keeps in a model_dir: the checkpoint and the one
+# What `research.training` keeps in a model_dir: the checkpoint and the one
 # before it (both whole: written to a temporary file, then renamed), the
 # privacy ledger (the settings and the steps of every process that trained,
 # `training.RunLedger`), and the lock of the process that trains (flock).

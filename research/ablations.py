@@ -1,13 +1,13 @@
 """The paper's ablations of DP-AdamBC on Fashion-MNIST with the paper's CNN.
 
-    python -m examples.ablations --ablation=all
-    python -m examples.ablations --max_examples=20000 --noise_multiplier=0.59 \
+    python -m research.ablations --ablation=all
+    python -m research.ablations --max_examples=20000 --noise_multiplier=0.59 \
         --eval_every=40 --spread_seeds=1,2    # docs/ABLATIONS_fashion_mnist.md
 
 Tang & Lecuyer ablate three choices of DP-AdamBC (Algorithm 1,
 theta <- theta - eta * m_hat / sqrt(max(v_hat - Phi', gamma'))). Each
 ablation sweeps one hyperparameter with everything else fixed, one run
-(`examples.train_image`) per setting at `--seed`, which also keys the DP
+(`research.train_image`) per setting at `--seed`, which also keys the DP
 noise and the Poisson sampling (`runs.run_config`: reproducible research
 runs on public data, not private ones):
 
@@ -35,13 +35,13 @@ other seeds, which measures the seed-to-seed spread the report uses to tell
 an effect from noise.
 
 Each run is a model_dir `<runs_dir>/<variant>/<run name>` written by
-`examples.runs.execute`: a finished run is read back, an interrupted one
+`research.runs.execute`: a finished run is read back, an interrupted one
 resumes, a folder of other hyperparameters or data is refused. Every call
 rewrites `<output_dir>/ABLATIONS_fashion_mnist.md` (a table per ablation,
 plots, the command, a paragraph from the numbers) with a PNG per ablation,
 from all the finished runs on disk; `--notrain` only writes the report.
-The sweeps are `examples.ablation_sweeps`, the report
-`examples.ablations_report` with its prose from `examples.ablation_findings`.
+The sweeps are `research.ablation_sweeps`, the report
+`research.ablations_report` with its prose from `research.ablation_findings`.
 
 C, sigma and B default to the main experiment's (C = 1, sigma = 0.52,
 B = 256, epsilon = 7: 719 steps on the 60k images). For a cheaper run use a
@@ -60,16 +60,16 @@ from absl import app
 from absl import flags
 
 # Before the modules that import Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
-from examples import ablation_sweeps
-from examples import ablations_report
-from examples import experiments
-from examples import datasets
-from examples import runs
-from examples import training
-from examples.ablation_sweeps import ABLATIONS
-from examples.ablation_sweeps import TASK
+from research import ablation_sweeps
+from research import ablations_report
+from research import experiments
+from research import datasets
+from research import runs
+from research import training
+from research.ablation_sweeps import ABLATIONS
+from research.ablation_sweeps import TASK
 from tf_dpadam import validation
 
 

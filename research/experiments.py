@@ -1,6 +1,6 @@
 """The optimizer comparison as a plan of runs: tasks, grids, seeds.
 
-`examples.reproduce` tunes each optimizer over a grid of `runs.Setting`s at
+`research.reproduce` tunes each optimizer over a grid of `runs.Setting`s at
 the first seed and reruns the best setting of each with every seed. A `Plan`
 holds all that decides those runs; `execute_runs` trains (or reads back) them,
 each in `<runs_dir>/<runs.run_name(setting, seed)>`, `collect` reads back the
@@ -12,11 +12,11 @@ import dataclasses
 import math
 import os
 
-from examples import common
-from examples import comparison
-from examples import finetune as finetune_lib
-from examples import runs
-from examples.runs import Setting
+from research import common
+from research import comparison
+from research import finetune as finetune_lib
+from research import runs
+from research.runs import Setting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,15 +25,15 @@ TASKS = {
     "fashion_mnist": {
         "kind": "image", "dataset": "fashion_mnist", "name": "Fashion-MNIST",
         "paper_dataset": "CIFAR-10",
-        "model": "the paper's 5-layer tanh CNN (examples.models.make_cnn)",
+        "model": "the paper's 5-layer tanh CNN (research.models.make_cnn)",
     },
     "sst2": {
         "kind": "text", "dataset": "sst2_tsv", "name": "SST-2",
         "paper_dataset": "SNLI",
         "model": "BERT classifier, last block re-initialized and trained "
-                 "with a new head (examples.models.make_text_classifier)",
+                 "with a new head (research.models.make_text_classifier)",
     },
-    # Fine-tuning the whole pretrained BERT (examples.finetune), beside the
+    # Fine-tuning the whole pretrained BERT (research.finetune), beside the
     # paper's last-block setting.
     "sst2_lora": {
         "kind": "text", "dataset": "sst2_tsv", "name": "SST-2 (LoRA)",
@@ -41,7 +41,7 @@ TASKS = {
         "model": "BERT classifier, pretrained backbone frozen, LoRA factors"
                  " on every attention projection (query, key, value,"
                  " output) of every block trained with a new head on the"
-                 " mean of the final token states (examples.finetune)",
+                 " mean of the final token states (research.finetune)",
     },
     "sst2_full": {
         "kind": "text", "dataset": "sst2_tsv",
@@ -49,7 +49,7 @@ TASKS = {
         "paper_dataset": "SNLI", "finetune": "full",
         "model": "BERT classifier, every pretrained weight and a new head"
                  " on the mean of the final token states trained"
-                 " (examples.finetune)",
+                 " (research.finetune)",
     },
     # Issue 18's text point: a small transformer from scratch.
     "sst2_scratch": {
@@ -59,13 +59,13 @@ TASKS = {
         "model": "a 2-block BERT (128 wide, 2 heads, FFN 512) randomly"
                  " initialized on MiniLM's WordPiece vocabulary and trained"
                  " whole, with a head on the mean of the final token states"
-                 " (examples.finetune)",
+                 " (research.finetune)",
     },
 }
 
 
 def finetune_of(task):
-    """What the text task trains (`examples.finetune` modes)."""
+    """What the text task trains (`research.finetune` modes)."""
     return TASKS[task].get("finetune", "last_block")
 
 
@@ -433,12 +433,12 @@ def make_train_fn(task, *, data_dir=None, max_examples=None,
         if max_test_examples:
             raise ValueError("max_test_examples is for sst2 only; "
                              "fashion_mnist evaluates on its 10k test images.")
-        from examples import train_image
+        from research import train_image
 
         return lambda config: train_image.run(
             "fashion_mnist", data_dir, config, max_examples=max_examples)
     if TASKS.get(task, {}).get("kind") == "text":
-        from examples import train_text
+        from research import train_text
 
         feature_cache = {}
         finetune = {"finetune": finetune_of(task)}

@@ -1,6 +1,6 @@
 """Clean vs private Adam moments of the paper's CNN (NOT private diagnostics).
 
-    python -m examples.diagnostics --dataset=fashion_mnist
+    python -m research.diagnostics --dataset=fashion_mnist
 
 WARNING: this binary is not differentially private. It trains with
 `make_private(model, diagnostics=True)`, which also stores the clipped but
@@ -8,15 +8,15 @@ un-noised gradient of every step, and writes tables and histograms computed
 from it. Run it on public data to study the optimizer only.
 
 It reproduces the paper's Table 2 and Figure 2 (Tang & Lecuyer): the CNN of
-`examples.models.make_cnn` trained with DP-AdamBC (or DP-Adam) at the
-dataset's defaults of `examples.common.PAPER_DEFAULTS` (Fashion-MNIST: C = 1,
+`research.models.make_cnn` trained with DP-AdamBC (or DP-Adam) at the
+dataset's defaults of `research.common.PAPER_DEFAULTS` (Fashion-MNIST: C = 1,
 sigma = 0.52, expected B = 256 with Poisson sampling, lr = 1e-3,
 gamma' = 0.04 Phi) for the steps of --target_epsilon (719 at epsilon = 7),
 with `tf_dpadam.MomentDiagnostics` snapshotting the clean and private Adam
 moments at --report_steps and at the last step. It writes --output (default
 docs/DIAGNOSTICS_<dataset>.md) and one histogram PNG per snapshot next to it
-(`examples.diagnostics_report`). It trains with the binaries' loop
-(`examples.training.train_private`).
+(`research.diagnostics_report`). It trains with the binaries' loop
+(`research.training.train_private`).
 """
 
 import os
@@ -27,24 +27,24 @@ from absl import app
 from absl import flags
 
 # Before Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
 import keras
 import numpy as np
 
 import tf_dpadam
-from examples import common
-from examples import datasets
-from examples import models
-from examples import training
-from examples.diagnostics_report import write_report
+from research import common
+from research import datasets
+from research import models
+from research import training
+from research.diagnostics_report import write_report
 from tf_dpadam import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""
     flags.DEFINE_enum("dataset", "fashion_mnist",
                       ["fashion_mnist", "cifar10"],
-                      "As for examples.train_image.")
+                      "As for research.train_image.")
     flags.DEFINE_string("data_dir", None,
                         "Folder of the dataset files (default: the loader's).")
     flags.DEFINE_list("report_steps", ["10", "100"],
@@ -140,7 +140,7 @@ def main(argv):
     output = FLAGS.output or os.path.join(
         "docs", f"DIAGNOSTICS_{FLAGS.dataset}.md"
     )
-    command = "python -m examples.diagnostics " + " ".join(
+    command = "python -m research.diagnostics " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]
     )
     write_report(output, FLAGS.dataset, config, results,

@@ -2,7 +2,7 @@
 
 `write_report` renders one task's report from the finished runs of a
 `experiments.Plan` (`render_markdown`), draws its two plots
-(`examples.plots`) and saves the summary that RESULTS.md shows
+(`research.plots`) and saves the summary that RESULTS.md shows
 (`summary_record`, RESULTS_<task>.json); `results_index.write_index` then
 rewrites RESULTS.md from every task's JSON.
 """
@@ -10,13 +10,13 @@ rewrites RESULTS.md from every task's JSON.
 import json
 import os
 
-from examples import common
-from examples import comparison
-from examples import experiments
-from examples import finetune_report
-from examples import plots
-from examples import results_index
-from examples import runs
+from research import common
+from research import comparison
+from research import experiments
+from research import finetune_report
+from research import plots
+from research import results_index
+from research import runs
 
 def describe_data(data, records):
     """One sentence on the data of the runs (`data` as of `data_spec`)."""
@@ -94,7 +94,7 @@ def render_markdown(*, plan, records, best, command, machine, plots,
         f"# DP-SGD vs DP-Adam vs DP-AdamBC on {task['name']} "
         f"(the paper's {task['paper_dataset']} experiment)",
         "",
-        "Written by `examples/reproduce.py` from the runs in "
+        "Written by `research/reproduce.py` from the runs in "
         f"`{plan.runs_dir}`.",
         "",
         "## Setup",

@@ -1,4 +1,4 @@
-"""The report of `examples.diagnostics`: clean vs private Adam moments.
+"""The report of `research.diagnostics`: clean vs private Adam moments.
 
 NOT differentially private: it is written from the clipped but un-noised
 gradient of every step. `write_report` writes the Markdown and its
@@ -10,7 +10,7 @@ import math
 import os
 import platform
 
-from examples import common
+from research import common
 from tf_dpadam import diagnostics
 
 def _fmt(value, digits=3):
@@ -153,14 +153,14 @@ def write_report(path, dataset, config, results, snapshots, command):
 > optimizer on public data. (The trained weights themselves follow the same
 > trajectory as without diagnostics.)
 
-Written by `examples/diagnostics.py`: `{command}`
+Written by `research/diagnostics.py`: `{command}`
 
 ## Setup
 
 - Machine: `{platform.platform()}`, {os.cpu_count()} CPUs; training took
   {results['wall_seconds']:.0f} s (snapshots included).
 - Data: {dataset}, {results['num_examples']} training examples. Model: the
-  paper's CNN (`examples.models.make_cnn`), {results['num_parameters']:,}
+  paper's CNN (`research.models.make_cnn`), {results['num_parameters']:,}
   parameters, i.e. coordinates of m and v.
 - Optimizer: {name}, C = {config.l2_norm_clip:g},
   σ = {config.noise_multiplier:g}, expected B = {config.batch_size}

@@ -73,8 +73,8 @@ quiet_tensorflow_start()
 from absl import app
 from absl import flags
 
-from examples import common
-from examples import training
+from research import common
+from research import training
 from tf_dpadam import privacy_cli
 from tf_dpadam import validation
 

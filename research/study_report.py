@@ -1,4 +1,4 @@
-"""The report of an issue-18 study (`examples.study_plan`): markdown and PNGs.
+"""The report of an issue-18 study (`research.study_plan`): markdown and PNGs.
 
 `write_report` writes `<output_dir>/<STUDY>_fashion_mnist.md` from the
 finished runs on disk: every setting of every cell and variant, the best
@@ -15,10 +15,10 @@ import os
 
 import numpy as np
 
-from examples import comparison
-from examples import plots
-from examples import runs
-from examples import study_plan
+from research import comparison
+from research import plots
+from research import runs
+from research import study_plan
 
 BASELINE = "dpadam"  # The gaps are DP-AdamBC variants minus this.
 TITLES = {"best_recipe": "Best recipe",
@@ -249,9 +249,9 @@ def write_report(plan, records, output_dir, command, machine):
                 for lr in found)
     lines = [
         f"# {TITLES.get(plan.study, plan.study)} (Fashion-MNIST)", "",
-        "Written by `examples.study` from the runs in "
+        "Written by `research.study` from the runs in "
         f"`{os.path.relpath(plan.runs_dir, output_dir)}`: the CNN of the"
-        " settings table (`examples.models.make_cnn`: the paper's 5-layer"
+        " settings table (`research.models.make_cnn`: the paper's 5-layer"
         " CNN, or `make_small_cnn`, TF-Privacy's small tutorial CNN) trained"
         " from scratch,"
         " Poisson"

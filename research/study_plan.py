@@ -1,7 +1,7 @@
 """Issue 18's studies as plans of runs: the regime map and the best recipe.
 
 A study is cells x variants x learning rates x seeds of Fashion-MNIST runs
-of the paper's CNN (`examples.train_image.run`):
+of the paper's CNN (`research.train_image.run`):
 
 - a `Cell` is one privacy budget and expected batch: (epsilon, B) with
   either a fixed number of epochs, for which sigma is calibrated so that
@@ -31,11 +31,11 @@ import math
 import os
 
 import tf_dpadam
-from examples import common
-from examples import comparison
-from examples import experiments
-from examples import runs
-from examples import study_moments
+from research import common
+from research import comparison
+from research import experiments
+from research import runs
+from research import study_moments
 
 # The batch size at which `Variant.lr_centre` was measured (the Fashion-MNIST
 # comparison and ablations, docs/RESULTS_fashion_mnist.md).
@@ -458,7 +458,7 @@ def data_spec(max_examples=None, max_steps=None):
 
 def make_train_fn(data_dir=None, *, max_examples=None, max_steps=None):
     """config -> results of one Fashion-MNIST run, with `final_moments`."""
-    from examples import train_image
+    from research import train_image
 
     return lambda config: train_image.run(
         "fashion_mnist", data_dir, config, max_examples=max_examples,

@@ -1,8 +1,8 @@
 """Issue 18's studies on Fashion-MNIST: the regime map and the best recipe.
 
-    python -m examples.study --study=regime_map --phase=plan
-    python -m examples.study --study=regime_map
-    python -m examples.study --study=best_recipe --epsilons=3 --augmult=0 \\
+    python -m research.study --study=regime_map --phase=plan
+    python -m research.study --study=regime_map
+    python -m research.study --study=best_recipe --epsilons=3 --augmult=0 \\
         --epochs=10 --phase=tune --runs_dir=runs/recipe_pilot \\
         --output_dir=runs/recipe_pilot
 
@@ -11,7 +11,7 @@ Regime map (`--study=regime_map`): from scratch at epsilon = 3 (delta =
 and sigma calibrated per B to spend exactly epsilon = 3 (within 1e-4 below);
 DP-SGD, DP-Adam, DP-AdamBC, DP-AdamBC + decoupled weight decay and DP-AdamBC
 at beta_2 = 0.9999 (beta_1 = 0.9) on half-decade learning-rate grids scaled
-with B (`examples.study_plan.default_variants`). Each run records the
+with B (`research.study_plan.default_variants`). Each run records the
 median over coordinates of (v_hat - Phi) / Phi after its last step.
 
 Best recipe (`--study=best_recipe`): epsilon = 3 and 7 with De et al.'s
@@ -22,7 +22,7 @@ decoupled weight decay (the dpadam_corrected_wd variant, --weight_decay),
 and --epochs or --noise_multiplier; pick the optimizers with --variants and
 the learning rates with --lr_centres / --lr_span (0: one rate per cell).
 
-Phases as `examples.reproduce`: tune (every grid at the first seed, then,
+Phases as `research.reproduce`: tune (every grid at the first seed, then,
 while a best rate sits at an end of its grid, up to --lr_edge_extensions
 half-decade rates beyond that end), seeds
 (each best rate with every seed), report (write the page from the runs on
@@ -30,7 +30,7 @@ disk), all (the three); and plan (print the runs and the time estimate,
 train nothing). Every run is resumable: a finished one is read back, an
 interrupted one resumes from its checkpoint, a folder of other settings is
 refused. The report is `<output_dir>/<STUDY>_fashion_mnist.md` with PNGs
-(`examples.study_report`).
+(`research.study_report`).
 
 Budget (measured on this 2-core machine while it ran another training, graph
 mode, the paper CNN, DP-AdamBC; CPU time by `time.process_time`, which is
@@ -61,7 +61,7 @@ The plan (issue 18, about 8 hours in all):
   setting of Tramer & Boneh's end-to-end CNN): 3 optimizers x 3 learning
   rates x 2 epsilons at seed 0 and each best with seeds 1 and 2, 30 runs,
   about 3 h (6.5 min per run on the busy machine);
-- the SST-2 from-scratch point (`examples.reproduce --task=sst2_scratch
+- the SST-2 from-scratch point (`research.reproduce --task=sst2_scratch
   --l2_norm_clip=10 --noise_multiplier=0.5`, epsilon = 7 as the other SST-2
   rows; C = 0.1 collapsed to the majority class): 15 runs, about 2 h.
 `--phase=plan` prints the estimate of any setting.
@@ -75,14 +75,14 @@ from absl import app
 from absl import flags
 
 # Before the modules that import Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
-from examples import datasets
-from examples import models
-from examples import results_index
-from examples import runs
-from examples import study_plan
-from examples import study_report
+from research import datasets
+from research import models
+from research import results_index
+from research import runs
+from research import study_plan
+from research import study_report
 from tf_dpadam import validation
 
 STUDIES = ("regime_map", "best_recipe")
@@ -158,9 +158,9 @@ def define_flags():
                        "Parameter averaging with this momentum (default:"
                        " none).")
     flags.DEFINE_enum("normalization", "none", list(models.NORMALIZATIONS),
-                      "As for examples.train_image.")
+                      "As for research.train_image.")
     flags.DEFINE_enum("cnn", "paper", list(models.CNNS),
-                      "As for examples.train_image.")
+                      "As for research.train_image.")
     flags.DEFINE_float("weight_decay", 0.1,
                        "The decoupled weight decay of dpadam_corrected_wd.")
     flags.DEFINE_float("beta_2_high", 0.9999,

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from examples import common
+from research import common
 
 # Test accuracy (%) at epsilon = 7 of the paper's Table (Tang & Lecuyer).
 PAPER_RESULTS = {

@@ -1,20 +1,20 @@
 """ABLATIONS_fashion_mnist.md and its PNGs, from the finished runs.
 
 `write_report` reads back the runs of every ablation (`ablation_sweeps`),
-draws a plot per ablation (`examples.plots.plot_ablation`) and writes the
+draws a plot per ablation (`research.plots.plot_ablation`) and writes the
 Markdown (`render_markdown`): the setup, a table and a paragraph per ablation
-(`examples.ablation_findings`), a summary and the seed spread.
+(`research.ablation_findings`), a summary and the seed spread.
 """
 
 import os
 
 import tf_dpadam
-from examples import ablation_findings
-from examples import ablation_sweeps
-from examples import common
-from examples import plots
-from examples import runs
-from examples.ablation_sweeps import GAMMA_OVER_PHI
+from research import ablation_findings
+from research import ablation_sweeps
+from research import common
+from research import plots
+from research import runs
+from research.ablation_sweeps import GAMMA_OVER_PHI
 
 REPORT_STEM = "ABLATIONS_fashion_mnist"
 # The main experiment (docs/RESULTS_fashion_mnist.md): all 60k training
@@ -97,7 +97,7 @@ def render_markdown(*, ablations, records, seed, spread_seeds, base, sweeps,
     lines = [
         "# Ablations of DP-AdamBC on Fashion-MNIST (the paper's CNN)",
         "",
-        f"Written by `examples/ablations.py` from the runs in `{runs_dir}`.",
+        f"Written by `research/ablations.py` from the runs in `{runs_dir}`.",
         "",
         "## Setup",
         "",
@@ -118,7 +118,7 @@ def render_markdown(*, ablations, records, seed, spread_seeds, base, sweeps,
         + (f" (`--max_examples={data['max_examples']}`)"
            if data.get("max_examples") else "")
         + "; evaluated on the whole test set.",
-        "- Model: the paper's 5-layer tanh CNN (examples.models.make_cnn).",
+        "- Model: the paper's 5-layer tanh CNN (research.models.make_cnn).",
         f"- Privacy: C = {base.l2_norm_clip:g}, σ = "
         f"{base.noise_multiplier:g}, expected batch B = {base.batch_size} "
         f"(Poisson sampling), δ = {base.delta:g}, "

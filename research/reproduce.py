@@ -1,13 +1,13 @@
 """Reproduces the paper's DP-SGD / DP-Adam / DP-AdamBC comparison at eps ~ 7.
 
-    python -m examples.reproduce --task=fashion_mnist
-    python -m examples.reproduce --task=sst2 --noise_multiplier=0.5
-    python -m examples.reproduce --task=sst2_lora --sequence_length=32
+    python -m research.reproduce --task=fashion_mnist
+    python -m research.reproduce --task=sst2 --noise_multiplier=0.5
+    python -m research.reproduce --task=sst2_lora --sequence_length=32
 
 Tang & Lecuyer compare the three optimizers on CIFAR-10 (a CNN) and SNLI
 (BERT, last block fine-tuned) at epsilon = 7. This binary runs the same
 protocol on the data this project has offline: Fashion-MNIST for the CNN
-(`examples.train_image`) and SST-2 for the text model (`examples.train_text`):
+(`research.train_image`) and SST-2 for the text model (`research.train_text`):
 
 1. `--phase=tune`: for each optimizer, every learning rate x gamma of its
    grid (the paper's coarse granularity: powers of 10) at the first seed;
@@ -25,16 +25,16 @@ protocol on the data this project has offline: Fashion-MNIST for the CNN
    given).
 
 Every run lives in `<runs_dir>/<name>` (the `model_dir` of
-`examples.training.fit_private`): a finished run is read back instead of being
+`research.training.fit_private`): a finished run is read back instead of being
 retrained, an interrupted one resumes from its checkpoint. A run folder made
 with other hyperparameters or other data is refused rather than mixed in.
 Each run's seed keys its model, data order, DP noise and Poisson sampling
 (`runs.run_config`), so that a run is reproducible; anyone who knows the seed can
 remove the noise, which is fine for this comparison on public data only.
 
-The plan and its runs are `examples.experiments` and `examples.runs`; the
-report is `examples.results_report`. C, sigma and B default to
-`examples.common.PAPER_DEFAULTS` for the dataset.
+The plan and its runs are `research.experiments` and `research.runs`; the
+report is `research.results_report`. C, sigma and B default to
+`research.common.PAPER_DEFAULTS` for the dataset.
 For SST-2 that is the paper's SNLI setting (sigma = 0.4, B = 256), which on
 SST-2's 67k examples reaches epsilon = 7 after only 7 steps (SNLI has 550k
 examples); `--noise_multiplier=0.5` gives 536 steps (about 2 epochs).
@@ -48,14 +48,14 @@ from absl import app
 from absl import flags
 
 # Before the modules that import Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
-from examples import common
-from examples import experiments
-from examples import results_report
-from examples import datasets
-from examples import runs
-from examples import training
+from research import common
+from research import experiments
+from research import results_report
+from research import datasets
+from research import runs
+from research import training
 from tf_dpadam import validation
 
 
@@ -67,7 +67,7 @@ def define_flags():
                       "experiment: last block and head); sst2_lora,"
                       " sst2_full: the same data, LoRA or full fine-tuning"
                       " of the pretrained BERT; sst2_scratch: a small BERT"
-                      " trained from scratch (examples.finetune).")
+                      " trained from scratch (research.finetune).")
     flags.DEFINE_enum("phase", "all",
                       ["tune", "seeds", "ceiling", "all", "report"],
                       "tune: the grid at the first seed; seeds: the best "
@@ -99,7 +99,7 @@ def define_flags():
     flags.DEFINE_integer("sequence_length", 128, "sst2: tokens per example.")
     flags.DEFINE_bool("cache_frozen", True,
                       "sst2: compute the frozen BERT part once and train the "
-                      "top on its outputs (see examples.train_text).")
+                      "top on its outputs (see research.train_text).")
     flags.DEFINE_integer("lora_rank", 8,
                          "sst2_lora: rank of the LoRA factors.")
     flags.DEFINE_enum("pooling", None, ["cls", "mean"],

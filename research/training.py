@@ -42,9 +42,9 @@ import keras
 import tensorflow as tf
 
 import tf_dpadam
-from examples import common
-from examples import record_sources
-from examples import runs
+from research import common
+from research import record_sources
+from research import runs
 
 
 def poisson_plan(config, train, first_step=0):

@@ -1,9 +1,9 @@
 """Trains the paper's 5-layer CNN with DP-SGD, DP-Adam or DP-AdamBC.
 
-    python -m examples.train_image --dataset=fashion_mnist --optimizer=dpadam_corrected
+    python -m research.train_image --dataset=fashion_mnist --optimizer=dpadam_corrected
 
 Unset hyperparameters take the paper's values for the dataset (see
-`examples.common.PAPER_DEFAULTS`). Training runs for the most steps whose
+`research.common.PAPER_DEFAULTS`). Training runs for the most steps whose
 epsilon stays within --target_epsilon, with Poisson-sampled batches, and
 prints the test accuracy and the epsilon spent.
 """
@@ -14,15 +14,15 @@ from absl import app
 from absl import flags
 
 # Before Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
 import keras
 
-from examples import common
-from examples import datasets
-from examples import models
-from examples import record_sources
-from examples import training
+from research import common
+from research import datasets
+from research import models
+from research import record_sources
+from research import training
 from tf_dpadam import validation
 
 def define_flags():

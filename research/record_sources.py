@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from examples import datasets
+from research import datasets
 
 
 @dataclasses.dataclass(frozen=True)

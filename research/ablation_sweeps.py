@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 
-from examples import runs
+from research import runs
 from tf_dpadam import dp_math
 
 TASK = "fashion_mnist"

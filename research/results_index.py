@@ -3,16 +3,16 @@
 `write_index` rewrites RESULTS.md from the summaries beside it: each task's
 RESULTS_<task>.json (`results_report.summary_record`) in a table beside the
 paper's numbers (`render_index`), then a section for each study of
-`examples.study` whose summary JSON is there (`study_summaries`).
+`research.study` whose summary JSON is there (`study_summaries`).
 """
 
 import os
 
-from examples import common
-from examples import comparison
-from examples import experiments
-from examples import runs
-from examples import study_report
+from research import common
+from research import comparison
+from research import experiments
+from research import runs
+from research import study_report
 
 
 def _epsilon_of(summary):
@@ -34,7 +34,7 @@ def render_index(summaries, studies=()):
     lines = [
         "# DP-SGD vs DP-Adam vs DP-AdamBC: results",
         "",
-        "Written by `examples/reproduce.py` and `examples/study.py` (they "
+        "Written by `research/reproduce.py` and `research/study.py` (they "
         "rewrite this page whenever they write a report) from the "
         "`RESULTS_<task>.json` and study summaries beside it. "
         "Each cell: test accuracy (%) of the optimizer's best tuned setting, "
@@ -118,7 +118,7 @@ def write_index(output_dir):
 
 
 def study_summaries(output_dir):
-    """Stem -> the summary JSON of each study (`examples.study`) written to
+    """Stem -> the summary JSON of each study (`research.study`) written to
     output_dir, in `study_report.TITLES`' order."""
     found = {}
     for study in study_report.TITLES:

@@ -1,7 +1,7 @@
 """Keeps the records of finished runs in git, to resume studies anywhere.
 
-    python -m examples.run_records save      # runs/ -> run_records/
-    python -m examples.run_records restore   # run_records/ -> runs/
+    python -m research.run_records save      # runs/ -> run_records/
+    python -m research.run_records restore   # run_records/ -> runs/
 
 A run folder under `runs/` (git ignores it: checkpoints are large) is
 finished when its `reproduce.json` says "done"; `runs.load_record` then
@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 
-from examples import runs
+from research import runs
 
 FILES = (runs.METRICS, runs.SIDECAR)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

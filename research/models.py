@@ -329,10 +329,10 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
 
     The model holds no string op: `preprocessor` maps raw strings, or
     `(premises, hypotheses)` pairs, to the model's inputs, and is meant to
-    run in the tf.data pipeline (see `examples.datasets.text_dataset` and
-    `examples.datasets.preprocess`). Call it on a pair as
+    run in the tf.data pipeline (see `research.datasets.text_dataset` and
+    `research.datasets.preprocess`). Call it on a pair as
     `preprocessor((premises, hypotheses), None)` (or through
-    `examples.datasets.apply_preprocessor`): with one tuple argument a
+    `research.datasets.apply_preprocessor`): with one tuple argument a
     keras-hub preprocessor takes it for `(x, y)`.
 
     Args:
@@ -350,7 +350,7 @@ def make_text_classifier(preset, num_classes, sequence_length=128,
             dropout.
         dropout: dropout rate before the head.
         reinitialize: False keeps the top blocks' pretrained weights
-            (`examples.finetune` fine-tunes them).
+            (`research.finetune` fine-tunes them).
         pooling: what feeds the head (`pool`): "cls", the final [CLS]
             state, or "mean", the mean over the unpadded tokens.
 

@@ -31,7 +31,7 @@ the data and train on their cached outputs.
 
 import keras
 
-from examples import models
+from research import models
 
 FINETUNE_MODES = ("last_block", "lora", "full", "scratch")
 # What `train_text` trains unless told: the best of the three modes on SST-2

@@ -4,7 +4,7 @@ The regime map asks where DP-AdamBC's correction matters: where the clean
 second moment v^c is not small against the noise's Phi = (sigma C / B)^2.
 `final_moments` reads the private v of a trained DP-Adam or DP-AdamBC and
 `moment_statistics` summarizes (v_hat - Phi) / Phi over its coordinates
-(`examples.study_plan` stores them with each run).
+(`research.study_plan` stores them with each run).
 """
 
 import numpy as np

