@@ -2,7 +2,8 @@
 
     python -m research.ablations --ablation=all
     python -m research.ablations --max_examples=20000 --noise_multiplier=0.59 \
-        --eval_every=40 --spread_seeds=1,2    # docs/ABLATIONS_fashion_mnist.md
+        --eval_every=40 --spread_seeds=1,2
+        # (research/results/ABLATIONS_fashion_mnist.md)
 
 Tang & Lecuyer ablate three choices of DP-AdamBC (Algorithm 1,
 theta <- theta - eta * m_hat / sqrt(max(v_hat - Phi', gamma'))). Each
@@ -89,7 +90,7 @@ def define_flags():
                         "repository).")
     flags.DEFINE_string("output_dir", None,
                         "Where ABLATIONS_fashion_mnist.md and its PNGs go "
-                        "(default: docs/ in the repository).")
+                        "(default: research/results/ in the repository).")
     flags.DEFINE_string("data_dir", None,
                         "Folder of the Fashion-MNIST IDX files (default: "
                         "Debian's, else tfds).")
@@ -221,8 +222,7 @@ def main(argv):
             runs_dir=(FLAGS.runs_dir
                       or os.path.join(experiments.ROOT, "runs", "ablations")),
             data=data, train_fn=train_fn,
-            output_dir=(FLAGS.output_dir
-                        or os.path.join(experiments.ROOT, "docs")),
+            output_dir=FLAGS.output_dir or experiments.RESULTS_DIR,
             command=shlex.join(sys.orig_argv), train=FLAGS.train)
     print(f"Wrote {path}")
 

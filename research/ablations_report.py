@@ -17,8 +17,8 @@ from research import runs
 from research.ablation_sweeps import GAMMA_OVER_PHI
 
 REPORT_STEM = "ABLATIONS_fashion_mnist"
-# The main experiment (docs/RESULTS_fashion_mnist.md): all 60k training
-# images at epsilon = 7 with PAPER_DEFAULTS' C, sigma and B.
+# The main experiment (research/results/RESULTS_fashion_mnist.md): all 60k
+# training images at epsilon = 7 with PAPER_DEFAULTS' C, sigma and B.
 MAIN_NUM_EXAMPLES = 60000
 MAIN_TARGET_EPSILON = 7.0
 

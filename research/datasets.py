@@ -1,4 +1,4 @@
-"""Data for the example binaries: images, text, and small utilities.
+"""Data for the harness's binaries: images, text, and small utilities.
 
 Every helper takes its settings as parameters (no flags), returns NumPy
 arrays (or a `tf.data.Dataset`) and prints nothing.

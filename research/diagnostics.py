@@ -14,9 +14,9 @@ sigma = 0.52, expected B = 256 with Poisson sampling, lr = 1e-3,
 gamma' = 0.04 Phi) for the steps of --target_epsilon (719 at epsilon = 7),
 with `tf_dpadam.MomentDiagnostics` snapshotting the clean and private Adam
 moments at --report_steps and at the last step. It writes --output (default
-docs/DIAGNOSTICS_<dataset>.md) and one histogram PNG per snapshot next to it
-(`research.diagnostics_report`). It trains with the binaries' loop
-(`research.training.train_private`).
+research/results/DIAGNOSTICS_<dataset>.md) and one histogram PNG per
+snapshot next to it (`research.diagnostics_report`). It trains with the
+binaries' loop (`research.training.train_private`).
 """
 
 import os
@@ -50,8 +50,8 @@ def define_flags():
     flags.DEFINE_list("report_steps", ["10", "100"],
                       "DP steps to snapshot, besides the last one.")
     flags.DEFINE_string("output", None,
-                        "Markdown report (default: "
-                        "docs/DIAGNOSTICS_<dataset>.md); PNGs go next to it.")
+                        "Markdown report (default: research/results/"
+                        "DIAGNOSTICS_<dataset>.md); PNGs go next to it.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     shared_flags.check_list_flag(
@@ -138,7 +138,7 @@ def main(argv):
             callbacks=shared_flags.tensorboard_callbacks(),
         )
     output = FLAGS.output or os.path.join(
-        "docs", f"DIAGNOSTICS_{FLAGS.dataset}.md"
+        "research", "results", f"DIAGNOSTICS_{FLAGS.dataset}.md"
     )
     command = "python -m research.diagnostics " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]

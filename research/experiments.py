@@ -19,6 +19,9 @@ from research import runs
 from research.runs import Setting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the reports (RESULTS*.md, ABLATIONS_*, the studies' pages, their
+# plots and JSON summaries) go by default.
+RESULTS_DIR = os.path.join(ROOT, "research", "results")
 
 # --task -> what it trains and what the paper trained in its place.
 TASKS = {

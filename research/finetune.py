@@ -35,9 +35,10 @@ from research import models
 
 FINETUNE_MODES = ("last_block", "lora", "full", "scratch")
 # What `train_text` trains unless told: the best of the three modes on SST-2
-# at epsilon = 7 (docs/FINETUNE_sst2.md, 3 seeds each): full fine-tuning of
-# MiniLM's top 2 blocks, DP-AdamBC 82.30 +- 0.54, against LoRA on the same
-# blocks 81.84 +- 1.06 and the last block re-initialized 81.04 +- 0.52.
+# at epsilon = 7 (research/results/FINETUNE_sst2.md, 3 seeds each): full
+# fine-tuning of MiniLM's top 2 blocks, DP-AdamBC 82.30 +- 0.54, against LoRA
+# on the same blocks 81.84 +- 1.06 and the last block re-initialized
+# 81.04 +- 0.52.
 DEFAULT_FINETUNE = "full"
 # The top blocks that lora and full train unless told (as measured); 0
 # asks for every block and the embeddings.

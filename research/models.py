@@ -1,4 +1,4 @@
-"""Models of the examples: the paper's CNN and a partly frozen BERT classifier.
+"""Models of the harness: the paper's CNN and a partly frozen BERT classifier.
 
 - `make_cnn`: the 5-layer tanh CNN of the image experiments, optionally
   with group normalization and weight-standardized convolutions

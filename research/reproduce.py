@@ -82,7 +82,7 @@ def define_flags():
                        "--phase=report.")
     flags.DEFINE_string("output_dir", None,
                         "Where RESULTS_<task>.md and its plots go (default: "
-                        "docs/ in the repository).")
+                        "research/results/ in the repository).")
     flags.DEFINE_string("runs_dir", None,
                         "Folder of the runs' model_dirs (default: "
                         "runs/<task> in the repository).")
@@ -217,7 +217,7 @@ def main(argv):
             finetune_blocks=finetune_blocks, pooling=FLAGS.pooling)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
-    output_dir = FLAGS.output_dir or os.path.join(experiments.ROOT, "docs")
+    output_dir = FLAGS.output_dir or experiments.RESULTS_DIR
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,
                                    hint=shared_flags.OFFLINE_IMAGES_HINT), \
             shared_flags.usage_errors(training.SettingsError):

@@ -1,16 +1,16 @@
 """Keeps the records of finished runs in git, to resume studies anywhere.
 
-    python -m research.run_records save      # runs/ -> run_records/
-    python -m research.run_records restore   # run_records/ -> runs/
+    python -m research.run_records save      # runs/ -> research/run_records/
+    python -m research.run_records restore   # research/run_records/ -> runs/
 
 A run folder under `runs/` (git ignores it: checkpoints are large) is
 finished when its `reproduce.json` says "done"; `runs.load_record` then
 needs only that file and `metrics.json`. `save` copies those two files of
-every finished run into `run_records/` (same relative paths), `restore`
-copies them back into run folders that do not hold a finished run yet, so a
-study resumed on a fresh clone or another machine reads its finished runs
-back instead of retraining them. Unfinished runs are not kept (without
-their checkpoint they restart anyway).
+every finished run into `research/run_records/` (same relative paths),
+`restore` copies them back into run folders that do not hold a finished run
+yet, so a study resumed on a fresh clone or another machine reads its
+finished runs back instead of retraining them. Unfinished runs are not kept
+(without their checkpoint they restart anyway).
 """
 
 import os
@@ -60,7 +60,7 @@ def main(argv):
         print(__doc__.split("\n\n")[0], file=sys.stderr)
         return 2
     runs_dir = os.path.join(ROOT, "runs")
-    records_dir = os.path.join(ROOT, "run_records")
+    records_dir = os.path.join(ROOT, "research", "run_records")
     if argv[1] == "save":
         copied = copy_runs(runs_dir, records_dir, overwrite=True)
     else:

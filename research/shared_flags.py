@@ -1,4 +1,4 @@
-"""The flags the example binaries share, and their parsing.
+"""The flags the harness's binaries share, and their parsing.
 
 Every binary defines its flags in its own `define_flags()` (called under
 `__main__`, not on import) and takes the DP flags from here, so that C, sigma,

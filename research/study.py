@@ -42,8 +42,9 @@ at B = 256. --augmult=K costs about K times (0.63 s at K = 2, 1.12 s at K =
 WSConv2D and GroupNormalization (0.77 s against 0.28 s in one run; 7.5 times,
 2.07 s, through the fallback rule they replaced); one evaluation on the 10k
 test images 2.4 s. On the idle machine the comparison of
-docs/RESULTS_fashion_mnist.md took 47 s of wall time per epoch (2 cores,
-evaluations included), the estimate's default `--seconds_per_epoch=50`.
+research/results/RESULTS_fashion_mnist.md took 47 s of wall time per epoch
+(2 cores, evaluations included), the estimate's default
+`--seconds_per_epoch=50`.
 
 The plan (issue 18, about 8 hours in all):
 - the paper CNN's B = 256 cell at 4 epochs (runs/regime_map: 12 runs,
@@ -115,7 +116,8 @@ def define_flags():
                       " all: the three; plan: print the runs and the time"
                       " estimate.")
     flags.DEFINE_string("output_dir", None,
-                        "Where the report and its PNGs go (default: docs/).")
+                        "Where the report and its PNGs go (default:"
+                        " research/results/).")
     flags.DEFINE_string("runs_dir", None,
                         "Folder of the runs (default: runs/<study>).")
     flags.DEFINE_string("data_dir", None,
@@ -323,8 +325,7 @@ def main(argv):
         return
     train_fn = study_plan.make_train_fn(
         FLAGS.data_dir, max_examples=max_examples, max_steps=caps.max_steps)
-    output_dir = FLAGS.output_dir or os.path.join(
-        study_plan.experiments.ROOT, "docs")
+    output_dir = FLAGS.output_dir or study_plan.experiments.RESULTS_DIR
     # ValueError: a run folder of other settings, tuning not finished, or
     # settings that cannot train (training.SettingsError).
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,

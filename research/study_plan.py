@@ -38,7 +38,7 @@ from research import runs
 from research import study_moments
 
 # The batch size at which `Variant.lr_centre` was measured (the Fashion-MNIST
-# comparison and ablations, docs/RESULTS_fashion_mnist.md).
+# comparison and ablations, research/results/RESULTS_fashion_mnist.md).
 REFERENCE_BATCH = 256
 # `calibrate_noise`'s sigma spends epsilon in [target - this, target].
 EPSILON_TOLERANCE = 1e-4

@@ -5,7 +5,7 @@
 `--finetune` says what trains (`research.finetune`): "full" (default):
 every weight of the top `--finetune_blocks` transformer blocks (default 2;
 0: every block and the embeddings) and a new classification head, the
-best of the three modes on SST-2 (docs/FINETUNE_sst2.md); "lora":
+best of the three modes on SST-2 (research/results/FINETUNE_sst2.md); "lora":
 rank-`--lora_rank` LoRA factors on every attention projection of those
 blocks, with the head; "last_block" (the paper's setting): the pretrained
 backbone stays frozen except its last transformer block, which is

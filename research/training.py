@@ -17,31 +17,29 @@ overwrite); the evaluations (the curve's val_* metrics, the final test
 metrics) and the returned model use the average; the checkpoint keeps the raw
 weights, with the average in the optimizer's state.
 
-A `model_dir` (issue 34) is held by one process at a time (`run_dir`: a lock,
-and a writable folder, checked before any step). Its checkpoints are written
-whole (`save_checkpoint`: a temporary file renamed over the checkpoint, the
-one before kept as `runs.PREVIOUS_CHECKPOINT`), so a kill at any moment
-leaves one that loads; a damaged one is reported and the earlier one used
-(`load_checkpoint`). Its ledger (`RunLedger`) records the run's privacy
-settings and the steps of every process that trained it; a resume with other
-privacy settings is refused before any step (`check_settings`), and the
-epsilon reported is that of the ledger's steps with its settings.
+A `model_dir` (issue 34) is kept by `tf_dpadam.run_dir`: held by one process
+at a time (`hold`: a lock, and a writable folder, checked before any step),
+checkpoints written whole (`save_checkpoint`: a temporary file renamed over
+the checkpoint, the one before kept as `checkpoint.prev.keras`), so a kill at
+any moment leaves one that loads; a damaged one is reported and the earlier
+one used (`load_checkpoint`). Its ledger (`RunLedger`) records the run's
+privacy settings and the steps of every process that trained it; a resume
+with other privacy settings is refused before any step (`begin_ledger`), and
+the epsilon reported is that of the ledger's steps with its settings.
 """
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
-import math
 import os
 import sys
 import time
 
-from absl import logging
 import keras
 import tensorflow as tf
 
 import tf_dpadam
+from tf_dpadam import run_dir as run_dir_lib
 from research import common
 from research import record_sources
 from research import runs
@@ -82,9 +80,10 @@ def poisson_plan(config, train, first_step=0):
     return num_examples, steps, batches
 
 
-class SettingsError(ValueError):
-    """Settings that cannot train on this data (e.g. a budget below one step,
-    a batch larger than the data): a usage error of the binaries."""
+# Settings that cannot train on this data (e.g. a budget below one step, a
+# batch larger than the data) or in this model_dir: a usage error of the
+# binaries.
+SettingsError = run_dir_lib.SettingsError
 
 
 def fit_segments(done, steps, eval_every):
@@ -294,309 +293,23 @@ def compile_private(model, config, loss, accumulation_steps):
 
 
 # ---------------------------------------------------------------------------
-# The run directory (--model_dir): one process at a time, whole checkpoints,
-# and the privacy ledger.
+# The run directory (--model_dir): `tf_dpadam.run_dir` holds it for one
+# process at a time, writes whole checkpoints and keeps the privacy ledger.
 
-# The settings a run's privacy (its epsilon) depends on, each with the flag
-# that sets it (None: fixed by this loop). A resume must keep them all.
-PRIVACY_SETTINGS = {
-    "noise_multiplier": "--noise_multiplier",
-    "l2_norm_clip": "--l2_norm_clip",
-    "batch_size": "--batch_size",
-    "num_examples": "--max_examples (N)",
-    "optimizer": "--optimizer",
-    "physical_batch_size": "--physical_batch_size",
-    "sampling": None,
-    "delta": "--delta",
-}
-# Settings that follow from those (compared only if those agree, e.g. with a
-# checkpoint from before the ledger, which knows k but not the physical
-# batch size).
-DERIVED_SETTINGS = {
-    "accumulation_steps": "accumulation steps (--batch_size /"
-                          " --physical_batch_size)",
-}
 # How epsilon is computed (recorded, not a setting of the training: a run
 # is accounted with the current one, as a whole).
 ACCOUNTANT = common.ACCOUNTANT
-# The --optimizer of a checkpoint's optimizer class.
-_OPTIMIZER_FLAGS = {"DPSGD": "dpsgd", "DPAdam": "dpadam",
-                    "DPAdamCorrected": "dpadam_corrected"}
 
 
 def privacy_settings(config, num_examples, accumulation_steps):
-    """The settings of a run that its privacy depends on, as JSON values:
-    `PRIVACY_SETTINGS` and the sampling rate q = B / N."""
-    return {
-        "noise_multiplier": float(config.noise_multiplier),
-        "l2_norm_clip": float(config.l2_norm_clip),
-        "batch_size": int(config.batch_size),
-        "num_examples": int(num_examples),
-        "sampling_rate": config.batch_size / num_examples,
-        "optimizer": config.optimizer,
-        "physical_batch_size": config.physical_batch_size,
-        "accumulation_steps": int(accumulation_steps),
-        "sampling": "poisson",
-        "delta": float(config.delta),
-        "accountant": ACCOUNTANT,
-    }
-
-
-def checkpoint_settings(model):
-    """What a checkpoint's DP optimizer says of `privacy_settings` (for a
-    run directory from before the ledger)."""
-    optimizer = model.optimizer
-    name = type(optimizer).__name__
-    return {
-        "noise_multiplier": float(optimizer.noise_multiplier),
-        "l2_norm_clip": float(optimizer.l2_norm_clip),
-        "batch_size": optimizer.batch_size,
-        "optimizer": _OPTIMIZER_FLAGS.get(name, name),
-        "accumulation_steps": int(optimizer.dp_accumulation_steps),
-    }
-
-
-def settings_changes(model_dir, saved, wanted):
-    """One `<flag>: the run in DIR was trained with X, got Y` per flag whose
-    setting differs between `saved` and `wanted` (keys in both)."""
-    changes = []
-    for names in (PRIVACY_SETTINGS, DERIVED_SETTINGS):
-        for key, flag in names.items():
-            if key in saved and saved[key] != wanted[key]:
-                changes.append(f"{flag or key}: the run in {model_dir} was"
-                               f" trained with {saved[key]}, got"
-                               f" {wanted[key]}")
-        if changes:
-            break
-    return changes
-
-
-def check_settings(model_dir, saved, wanted):
-    """Raises `SettingsError` (one line naming the flags) if a resume would
-    change a privacy setting."""
-    changes = settings_changes(model_dir, saved, wanted)
-    if changes:
-        raise SettingsError(
-            "; ".join(changes) + " (a resume keeps the settings its epsilon"
-            " is accounted with; train new ones in another --model_dir).")
-
-
-def resumed_segments(segments, done):
-    """The ledger's segments of the `done` steps of the checkpoint resumed.
-
-    Segment i took the steps `first_step + 1 ... first_step + steps`. The
-    steps past `done` are not in the model (a kill after the last
-    checkpoint, or a damaged one): they are cut, and segments left with no
-    step dropped. The last segment kept ends at `done` (its checkpoint can
-    be newer than its record: a kill between the two writes).
-    """
-    kept = []
-    for segment in segments:
-        if segment["first_step"] >= done:
-            break
-        kept.append(dict(segment))
-    if kept:
-        kept[-1]["steps"] = done - kept[-1]["first_step"]
-    return kept
-
-
-def ledger_epsilon(segments):
-    """Epsilon of the steps in `segments` with their settings (0 for none;
-    infinite without noise), with the last segment's accountant. All
-    segments of a run share their settings (`check_settings`); anything
-    else is an error, not a number."""
-    if not segments:
-        return 0.0
-
-    def accounted(segment):
-        return {k: v for k, v in segment["settings"].items()
-                if k != "accountant"}
-
-    if any(accounted(s) != accounted(segments[0]) for s in segments):
-        raise ValueError("The ledger's segments have other settings.")
-    settings = segments[-1]["settings"]
-    if settings["noise_multiplier"] == 0:
-        return math.inf
-    return tf_dpadam.epsilon_after_steps(
-        steps=sum(s["steps"] for s in segments),
-        num_examples=settings["num_examples"],
-        batch_size=settings["batch_size"],
-        noise_multiplier=settings["noise_multiplier"],
-        delta=settings["delta"], accountant=settings["accountant"])
-
-
-class RunLedger:
-    """The privacy ledger of a model_dir (`runs.LEDGER`, JSON).
-
-    `settings`: the run's `privacy_settings`, fixed by its first process.
-    `segments`: one per process that trained, in order: `first_step`,
-    `steps` (the steps of this process in the checkpoint), `settings`,
-    `started` (a time). Every write replaces the file whole
-    (`runs.write_json`), so it survives any kill.
-    """
-
-    def __init__(self, model_dir):
-        self.path = os.path.join(model_dir, runs.LEDGER)
-        try:
-            found = runs.read_json(self.path) or {}
-        except ValueError as error:
-            raise SettingsError(
-                f"{self.path} is damaged ({error}); the run's privacy ledger"
-                " is lost: use another --model_dir.") from error
-        self.settings = found.get("settings")
-        self.segments = found.get("segments", [])
-
-    def begin(self, settings, done):
-        """Starts this process's segment at the checkpoint's `done` steps
-        (written before its first step)."""
-        segments = resumed_segments(self.segments, done)
-        if done and not segments:  # A run from before the ledger.
-            segments = [{"first_step": 0, "steps": done, "settings": settings,
-                         "started": None}]
-        self.settings = self.settings or settings
-        self.segments = segments + [{
-            "first_step": done, "steps": 0, "settings": settings,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
-        self.write()
-
-    def record(self, steps):
-        """The checkpoint now holds `steps` steps."""
-        self.segments[-1]["steps"] = steps - self.segments[-1]["first_step"]
-        self.write()
-
-    def steps(self):
-        return sum(s["steps"] for s in self.segments)
-
-    def epsilon(self):
-        return ledger_epsilon(self.segments)
-
-    def write(self):
-        runs.write_json(self.path, {"settings": self.settings,
-                                    "segments": self.segments})
-
-
-@contextlib.contextmanager
-def run_dir(model_dir):
-    """Holds `model_dir` for this process (created if need be).
-
-    Raises `SettingsError` before any step if another process holds it (an
-    advisory `flock` on `runs.TRAIN_LOCK`, released when this process ends,
-    however it ends) or if the folder is not writable. Removes what a
-    killed process left half-written.
-    """
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-        lock = open(os.path.join(model_dir, runs.TRAIN_LOCK), "a")
-    except OSError as error:
-        raise SettingsError(
-            f"--model_dir={model_dir} is not writable ({error.strerror});"
-            " use another --model_dir.") from error
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SettingsError(
-                f"--model_dir={model_dir}: another process is training this"
-                f" run (it holds {runs.TRAIN_LOCK}); wait for it to end or"
-                " use another --model_dir.") from None
-        try:
-            _check_writable(model_dir)
-            for name in os.listdir(model_dir):
-                if name.startswith("checkpoint.") and ".partial" in name:
-                    os.remove(os.path.join(model_dir, name))
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _check_writable(model_dir):
-    probe = os.path.join(model_dir, f".write_test.{os.getpid()}")
-    try:
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as error:
-        raise SettingsError(
-            f"--model_dir={model_dir} is not writable ({error.strerror});"
-            " use another --model_dir.") from error
-
-
-def _write_model(model, path):
-    """`model.save(path)`, on disk when it returns."""
-    model.save(path)
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def save_checkpoint(model, model_dir):
-    """Saves `model` as the checkpoint of `model_dir`, whole or not at all.
-
-    The model goes to a temporary file first; then the current checkpoint
-    becomes `runs.PREVIOUS_CHECKPOINT` (a hard link: the checkpoint itself
-    stays in place) and the new file replaces the checkpoint (`os.replace`,
-    atomic). A kill at any moment leaves a whole checkpoint.
-    """
-    checkpoint = os.path.join(model_dir, runs.CHECKPOINT)
-    partial = os.path.join(model_dir, f"checkpoint.{os.getpid()}.partial.keras")
-    _write_model(model, partial)
-    if os.path.exists(checkpoint):
-        link = os.path.join(model_dir,
-                            f"checkpoint.prev.{os.getpid()}.partial")
-        if os.path.lexists(link):
-            os.remove(link)
-        os.link(checkpoint, link)
-        os.replace(link, os.path.join(model_dir, runs.PREVIOUS_CHECKPOINT))
-    os.replace(partial, checkpoint)
-
-
-def _one_line(error):
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def load_checkpoint(model_dir):
-    """The model of `model_dir`'s checkpoint, None if there is none yet.
-
-    A checkpoint that does not load is damaged: one warning line says so
-    and which earlier checkpoint (`runs.PREVIOUS_CHECKPOINT`) is used
-    instead; with none that loads, `SettingsError`.
-    """
-    damaged = None
-    for name in (runs.CHECKPOINT, runs.PREVIOUS_CHECKPOINT):
-        path = os.path.join(model_dir, name)
-        if not os.path.exists(path):
-            continue
-        try:
-            model = keras.models.load_model(path)
-        except Exception as error:  # pylint: disable=broad-except
-            damaged = damaged or (name, _one_line(error))
-            continue
-        if damaged:
-            logging.warning(
-                "%s in %s is damaged (%s); resuming from the earlier %s"
-                " (step %d).", damaged[0], model_dir, damaged[1], name,
-                int(model.optimizer.iterations.numpy()))
-        return model
-    if damaged:
-        raise SettingsError(
-            f"{damaged[0]} in {model_dir} is damaged ({damaged[1]}) and no"
-            " earlier checkpoint loads; remove it to start the run over, or"
-            " use another --model_dir.")
-    return None
-
-
-class AtomicCheckpoint(keras.callbacks.Callback):
-    """At every epoch's end saves the model whole (`save_checkpoint`), then
-    records its steps in the run's `RunLedger`."""
-
-    def __init__(self, model_dir, ledger):
-        super().__init__()
-        self.model_dir = model_dir
-        self.ledger = ledger
-
-    def on_epoch_end(self, epoch, logs=None):
-        save_checkpoint(self.model, self.model_dir)
-        self.ledger.record(int(self.model.optimizer.iterations.numpy()))
+    """`tf_dpadam.run_dir.privacy_settings` of a `common.TrainConfig`."""
+    return run_dir_lib.privacy_settings(
+        noise_multiplier=config.noise_multiplier,
+        l2_norm_clip=config.l2_norm_clip, batch_size=config.batch_size,
+        num_examples=num_examples, optimizer=config.optimizer,
+        physical_batch_size=config.physical_batch_size,
+        accumulation_steps=accumulation_steps, delta=config.delta,
+        accountant=ACCOUNTANT)
 
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
@@ -642,7 +355,7 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
             model is built), or a checkpoint in its model_dir decays or
             averages the weights otherwise.
     """
-    with (run_dir(config.model_dir) if config.model_dir
+    with (run_dir_lib.hold(config.model_dir) if config.model_dir
           else contextlib.nullcontext()):
         return _train_private(model_fn, train, test, config, loss,
                               diagnostics=diagnostics, callbacks=callbacks,
@@ -654,10 +367,10 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
 def _train_private(model_fn, train, test, config, loss, *, diagnostics,
                    callbacks, validate, max_steps, verbose, augment,
                    measure):
-    """`train_private`, with its model_dir held (`run_dir`)."""
+    """`train_private`, with its model_dir held (`run_dir_lib.hold`)."""
     keras.utils.set_random_seed(config.seed)
     model_dir = config.model_dir
-    model = load_checkpoint(model_dir) if model_dir else None
+    model = run_dir_lib.load_checkpoint(model_dir) if model_dir else None
     # A resumed run's batches continue the run's, never replay them.
     done = 0 if model is None else int(model.optimizer.iterations.numpy())
     try:
@@ -680,13 +393,8 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
     if model_dir:
         # Before any step: the settings of the run, and this process's
         # segment of its ledger.
-        ledger = RunLedger(model_dir)
-        settings = privacy_settings(config, num_examples, k)
-        if model is not None and not ledger.settings:
-            check_settings(model_dir, checkpoint_settings(model), settings)
-        if ledger.settings:
-            check_settings(model_dir, ledger.settings, settings)
-        ledger.begin(settings, done)
+        ledger = run_dir_lib.begin_ledger(
+            model_dir, privacy_settings(config, num_examples, k), model)
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
         accountant=ACCOUNTANT,
@@ -698,7 +406,7 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
     if config.ema:
         callbacks.insert(0, AveragedEvaluation())
     if model_dir:
-        callbacks.append(AtomicCheckpoint(model_dir, ledger))
+        callbacks.append(run_dir_lib.AtomicCheckpoint(model_dir, ledger))
         # After the checkpoint: a resume adds the time and curve up to it.
         progress = RunProgress(
             os.path.join(model_dir, runs.ELAPSED), step_log,

@@ -417,7 +417,7 @@ class NoTensorFlowTest(parameterized.TestCase):
     @parameterized.parameters(
         "accounting/__init__.py", "accounting/epsilon.py",
         "accounting/calibration.py", "accounting/statement.py",
-        "validation.py", "privacy_cli.py", "privacy.py",
+        "validation.py", "privacy_cli.py", "privacy.py", "command_line.py",
     )
     def test_module_does_not_import_tensorflow(self, filename):
         package = os.path.dirname(os.path.dirname(os.path.abspath(
@@ -439,7 +439,7 @@ class NoTensorFlowTest(parameterized.TestCase):
             if root == "tf_dpadam":
                 self.assertRegex(
                     name,
-                    r"^tf_dpadam\.(accounting|validation|privacy_cli)\b",
+                    r"^tf_dpadam\.(accounting|validation|privacy_cli|command_line)\b",
                 )
 
 

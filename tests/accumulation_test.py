@@ -9,6 +9,7 @@ import tempfile
 
 import keras
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -53,6 +54,7 @@ class AccumulationTest(parameterized.TestCase):
         optimizer=["dpsgd", "dpadam", "dpadam_corrected"],
         batch_size=[None, 24],
     )
+    @pytest.mark.slow
     def test_k_micro_batches_equal_one_logical_batch(self, optimizer,
                                                      batch_size):
         x, y = helpers.classification_data(48, d=5)

@@ -94,6 +94,7 @@ def test_bound_grows_with_correct_guesses_and_shrinks_with_delta():
             < audit.epsilon_lower_bound(1000, 200, 190, 1e-5, 0.9))
 
 
+@pytest.mark.slow
 def test_bound_is_valid_for_randomized_response():
     # An exactly eps-DP "training run": each of the r guesses is right with
     # probability e^eps / (1 + e^eps), independently. The 95% bound may

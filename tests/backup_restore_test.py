@@ -22,10 +22,13 @@ import tempfile
 
 import dp_accounting
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 import tf_dpadam
 from tests import backup_restore_check as check
+
+pytestmark = pytest.mark.slow  # Kills and restarts a training process.
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "backup_restore_check.py")

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from array_record.python import array_record_module
@@ -526,6 +527,7 @@ def _write_array_record(path):
 
 class MillionRecordsOnDiskTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_flat_memory_and_inclusion_frequencies(self):
         script = os.path.join(os.path.dirname(__file__),
                               "data_source_memory_check.py")

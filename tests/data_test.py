@@ -9,6 +9,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from scipy import stats
@@ -415,6 +416,7 @@ class SamplingSeedTest(absltest.TestCase):
 
 class HeldDataMemoryTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_pipelines_one_after_another_hold_no_copy_of_the_data(self):
         # SST-2's cached features (3.3 GB) took a fine-tuning run to 14 GB
         # when the arrays were tf.constants, and a study process from 9 to

@@ -15,6 +15,7 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -315,6 +316,7 @@ def _distribute_child():
 
 class DistributeTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_clean_gradient_under_mirrored_strategy(self):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)

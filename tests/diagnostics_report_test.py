@@ -1,73 +1,114 @@
-"""research/diagnostics_report.py: the report on synthetic snapshots."""
+"""tf_dpadam/diagnostics/report.py: tables and histograms of snapshots.
 
+Runs on hand-made snapshots (small NumPy arrays), no training. The golden
+tables in testdata/golden/MOMENT_SUMMARY_*.md were recorded from the module
+before it was split out of tf_dpadam/diagnostics.py.
+(research/diagnostics_report.py, the example's report, has its own test.)
+"""
+
+import ast
 import os
-import platform
+import sys
 import tempfile
+from unittest import mock
 
-import numpy as np
 from absl.testing import absltest
 
-from research import common
-from research import diagnostics_report
 from tf_dpadam import diagnostics
+from tf_dpadam.diagnostics import moments
+from tf_dpadam.diagnostics import report
+
+import helpers
 
 _GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       "testdata", "golden", "DIAGNOSTICS_synthetic.md")
+                       "testdata", "golden")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(
+    diagnostics.__file__)))
+# Importing any of these fails as if matplotlib were not installed.
+_NO_MATPLOTLIB = dict.fromkeys(
+    ("matplotlib", "matplotlib.figure", "matplotlib.backends",
+     "matplotlib.backends.backend_agg")
+)
 
 
-def _snapshots(phi=4e-6, n=5000):
-    """Clean second moments far below Phi, private ones Phi above them."""
-    rng = np.random.default_rng(0)
-    snapshots = []
-    for step in (10, 700):
-        v_clean = phi * 1e-3 * rng.lognormal(size=n)
-        m_clean = np.sqrt(v_clean) * rng.uniform(-1, 1, size=n)
-        noise_std = diagnostics.second_moment_noise_std(phi, 0.999, step)
-        snapshots.append(diagnostics.MomentSnapshot(
-            step=step, phi=phi, gamma=0.04 * phi, noise_phi=phi,
-            beta_1=0.9, beta_2=0.999, m_clean=m_clean, v_clean=v_clean,
-            m_private=m_clean + 0.2 * np.sqrt(phi) * rng.normal(size=n),
-            v_private=np.abs(v_clean + phi
-                             + noise_std * rng.normal(size=n)),
-        ))
-    return snapshots
+def _golden(name):
+    with open(os.path.join(_GOLDEN, name), encoding="utf-8") as f:
+        return f.read()
 
 
-class ReportTest(absltest.TestCase):
+def _noiseless_snapshot():
+    s = helpers.hand_made_snapshot()
+    return moments.MomentSnapshot(
+        step=1, phi=0.0, gamma=1e-14, noise_phi=0.0, beta_1=0.9,
+        beta_2=0.999, m_clean=s.m_clean, v_clean=s.v_clean,
+        m_private=s.m_clean.copy(), v_private=s.v_clean.copy(),
+    )
 
-    def test_write_report(self):
-        config = common.TrainConfig(
-            optimizer="dpadam_corrected", l2_norm_clip=1.0,
-            noise_multiplier=0.52, batch_size=256, physical_batch_size=None,
-            learning_rate=1e-3, epsilon=None, phi=None, beta_1=0.9,
-            beta_2=0.999, momentum=0.0, target_epsilon=7.0, delta=1e-5,
-            epochs=None, eval_every=100, model_dir=None, seed=0,
-            jit_compile=False,
-        )
-        results = {"num_examples": 60000, "steps": 700, "capacity": 360,
-                   "accumulation_steps": 1, "num_parameters": 5000,
-                   "epsilon": 6.9, "test_accuracy": 0.8, "test_loss": 0.5,
-                   "wall_seconds": 1.0}
-        path = os.path.join(tempfile.mkdtemp(), "DIAG.md")
-        diagnostics_report.write_report(path, "fashion_mnist", config,
-                                        results, _snapshots(),
-                                        "python -m research.diagnostics")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        self.assertIn("**Not differentially private.**", text)
-        self.assertIn("**Is v^p dominated by Φ?** Yes.", text)
-        self.assertIn("**Does v^p − Φ track v^c?** On average, yes", text)
-        for step in (10, 700):
-            self.assertIn(f"![Histograms at step {step}](DIAG_step{step}"
-                          ".png)", text)
-            self.assertTrue(os.path.exists(os.path.join(
-                os.path.dirname(path), f"DIAG_step{step}.png")))
-        # The golden file was written by the same code before it moved out
-        # of research/diagnostics.py.
-        machine = f"`{platform.platform()}`, {os.cpu_count()} CPUs;"
-        with open(_GOLDEN, encoding="utf-8") as f:
-            self.assertEqual(text.replace(machine, "`MACHINE`, N CPUs;"),
-                             f.read())
+
+class MarkdownTest(absltest.TestCase):
+
+    def test_tables_match_the_recorded_ones(self):
+        self.assertEqual(report.summary_markdown(helpers.hand_made_snapshot()),
+                         _golden("MOMENT_SUMMARY_noisy.md"))
+        # Without noise the ratios to Phi are "n/a".
+        self.assertEqual(report.summary_markdown(_noiseless_snapshot()),
+                         _golden("MOMENT_SUMMARY_noiseless.md"))
+
+    def test_tables_need_no_matplotlib(self):
+        with mock.patch.dict(sys.modules, _NO_MATPLOTLIB):
+            table = report.summary_markdown(helpers.hand_made_snapshot())
+        self.assertIn("| v^p − Φ | 1 | 3.25 | 6.5 | 10.8 | 16 | 7.5 |", table)
+
+
+class HistogramTest(absltest.TestCase):
+
+    def test_render_report_writes_pngs_and_links_them(self):
+        directory = tempfile.mkdtemp()
+        snapshots = [helpers.hand_made_snapshot(), _noiseless_snapshot()]
+        markdown = report.render_report(snapshots, directory, "diag")
+        # In step order, each with its tables and its histogram.
+        self.assertLess(markdown.index("### Step 1"),
+                        markdown.index("### Step 3"))
+        self.assertIn(report.summary_markdown(helpers.hand_made_snapshot()), markdown)
+        for step in (1, 3):
+            self.assertIn(f"![Histograms at step {step}](diag_step{step}.png)",
+                          markdown)
+            with open(os.path.join(directory, f"diag_step{step}.png"),
+                      "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_missing_matplotlib_is_a_clear_import_error(self):
+        path = os.path.join(tempfile.mkdtemp(), "h.png")
+        with mock.patch.dict(sys.modules, _NO_MATPLOTLIB):
+            with self.assertRaisesRegex(
+                    ImportError, r"save_histograms needs matplotlib \(pip"
+                    r" install matplotlib\)\."):
+                report.save_histograms(helpers.hand_made_snapshot(), path)
+        self.assertFalse(os.path.exists(path))
+
+    def test_matplotlib_is_imported_only_where_plotting_happens(self):
+        # Anywhere in the library: inside the function that plots, never at
+        # module level.
+        for root, _, files in os.walk(_PACKAGE):
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for node in tree.body:
+                    for child in ast.walk(node):
+                        if isinstance(child, (ast.Import, ast.ImportFrom)):
+                            modules = [a.name for a in child.names]
+                            if isinstance(child, ast.ImportFrom):
+                                modules = [child.module or ""]
+                            self.assertFalse(
+                                any(m.startswith("matplotlib")
+                                    for m in modules)
+                                and not isinstance(
+                                    node, (ast.FunctionDef, ast.ClassDef)),
+                                msg=f"{path}:{child.lineno}",
+                            )
 
 
 if __name__ == "__main__":

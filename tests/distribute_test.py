@@ -10,7 +10,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from absl.testing import absltest
+
+pytestmark = pytest.mark.slow  # A subprocess with four replicas.
 
 _REPLICAS = 4
 

@@ -7,6 +7,7 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -40,6 +41,7 @@ class ConvolutionTest(helpers.GhostLockstepMixin, parameterized.TestCase):
          False),
         ("same_jit", {"padding": "same", "strides": 2}, True),
     )
+    @pytest.mark.slow
     def test_conv2d(self, kwargs, jit):
         kwargs = {"filters": 4, "kernel_size": 3, **kwargs}
         model = helpers.sequential(
@@ -55,6 +57,7 @@ class ConvolutionTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("graph", False, False), ("jit", True, False),
         ("graph_dynamic_batch", False, True),
     )
+    @pytest.mark.slow
     def test_conv_norms_in_chunks(self, jit, dynamic_batch):
         # 9 x 8 positions x 27 patch floats = 1944 per example: chunks of 3
         # examples. With a static batch of 8 the last chunk is examples 5-7

@@ -1,6 +1,7 @@
 """Ghost clipping of Dense and EinsumDense against explicit clipping."""
 
 import keras
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -18,6 +19,7 @@ class DenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("3d_no_bias_jit", (4, 5), False, "tanh", True),
         ("4d", (2, 3, 5), True, None, False),
     )
+    @pytest.mark.slow
     def test_dense(self, input_shape, use_bias, activation, jit):
         model = helpers.sequential(
             input_shape,
@@ -53,6 +55,7 @@ class EinsumDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("ellipsis", "...b,bc->...c", (3, 5), 4, "c"),
         ("no_bias", "abc,dc->abd", (3, 5), (3, 4), None),
     )
+    @pytest.mark.slow
     def test_einsum_dense(self, equation, input_shape, output_shape, bias):
         layer = keras.layers.EinsumDense(
             equation, output_shape, bias_axes=bias, activation="tanh",

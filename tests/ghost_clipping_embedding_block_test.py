@@ -9,6 +9,7 @@ from unittest import mock
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -35,6 +36,7 @@ class EmbeddingBlockTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("graph_pairs", False, 128), ("jit_pairs", True, 128),
         ("graph_sorted", False, 0), ("jit_sorted", True, 0),
     )
+    @pytest.mark.slow
     def test_lockstep_with_repeated_ids(self, jit, pairwise_max_length):
         model = helpers.sequential(
             (12,), keras.layers.Embedding(5, 4, name="embedding"),

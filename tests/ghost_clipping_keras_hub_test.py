@@ -9,6 +9,7 @@ import keras
 import keras_hub
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from keras import layers
@@ -139,6 +140,7 @@ class PositionEmbeddingTest(helpers.GhostLockstepMixin,
         ("positions", {"positions": True}, False),
         ("positions_jit", {"positions": True}, True),
     )
+    @pytest.mark.slow
     def test_lockstep(self, kwargs, jit):
         model, x = _positions(**kwargs)
         self.assert_kinds(model, positions="ghost (PositionEmbedding)")
@@ -163,6 +165,7 @@ class ReversibleEmbeddingTest(helpers.GhostLockstepMixin,
         ("soft_cap_keras", {"logit_soft_cap": 2.0, "hub": False}, False),
         ("reverse_dtype", {"reverse_dtype": "float32"}, False),
     )
+    @pytest.mark.slow
     def test_reverse(self, kwargs, jit):
         model, x = _reversible(**kwargs)
         self.assert_kinds(model, reversible="ghost (ReversibleEmbedding)")
@@ -197,6 +200,7 @@ def _compiled(model):
 class BackboneTest(helpers.GhostLockstepMixin, parameterized.TestCase):
 
     @parameterized.named_parameters(("graph", False), ("jit", True))
+    @pytest.mark.slow
     def test_bert_every_weight_trainable(self, jit):
         model, x = _bert()
         self.assert_kinds(
@@ -209,6 +213,7 @@ class BackboneTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assert_lockstep(model, x, helpers.rng(1).integers(0, 3, _B),
                              loss=_SCCE, jit=jit)
 
+    @pytest.mark.slow
     def test_gpt2_tied_output(self):
         model, x = _gpt2()
         self.assert_kinds(model, token_embedding="ghost (ReversibleEmbedding)",
@@ -254,6 +259,7 @@ def _grouped_brute_force(model, x, y, size, clip):
 class AugmentationMultiplicityTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("bert", _bert), ("gpt2", _gpt2))
+    @pytest.mark.slow
     def test_views_of_an_example_are_one_group(self, build):
         # Rows 2i and 2i + 1 are two views of example i (different tokens,
         # the same positions).
@@ -279,6 +285,7 @@ class AugmentationMultiplicityTest(parameterized.TestCase):
 
 class FallbackTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_lora_quantized_and_overridden_fall_back(self):
         lora = keras_hub.layers.ReversibleEmbedding(_VOCABULARY, 4)
         lora.build()

@@ -9,6 +9,7 @@ gradients of the whole model (`helpers.reference_per_example_gradients`).
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -45,6 +46,7 @@ class LoraDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("sequence_constructor", (4, 5), None, False),
         ("sequence_after_build", (4, 5), "relu", True),
     )
+    @pytest.mark.slow
     def test_dense(self, input_shape, activation, after_build):
         kwargs = {} if after_build else {"lora_rank": 2, "lora_alpha": 3}
         layer = keras.layers.Dense(6, activation=activation, name="lora",
@@ -111,6 +113,7 @@ class LoraEinsumDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ("contracted_last_heads", "abcd,ecd->abe", (3, 2, 4), (3, 5), "e",
          None, True),
     )
+    @pytest.mark.slow
     def test_einsum_dense(self, equation, input_shape, output_shape, bias,
                           activation, after_build):
         kwargs = {} if after_build else {"lora_rank": 2, "lora_alpha": 4}
@@ -221,6 +224,7 @@ class LoraRegistryTest(parameterized.TestCase):
         self.assertEqual(registry.ghost_rule(einsum),
                          (lora.LoraEinsumDenseRule, None))
 
+    @pytest.mark.slow
     def test_refused(self):
         embedding = keras.layers.Embedding(7, 4, lora_rank=2)
         embedding.build((None, 3))
@@ -254,6 +258,7 @@ class LoraRegistryTest(parameterized.TestCase):
 class LoraBertTest(parameterized.TestCase):
     """A tiny keras-hub BERT with `backbone.enable_lora` under make_private."""
 
+    @pytest.mark.slow
     def test_ghost_equals_vectorized_and_explicit(self):
         length = 6
         model = helpers.tiny_lora_bert(length)

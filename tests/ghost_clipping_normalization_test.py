@@ -2,6 +2,7 @@
 explicit clipping."""
 
 import keras
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -39,6 +40,7 @@ class LayerNormalizationTest(helpers.GhostLockstepMixin, parameterized.TestCase)
         ("center_only", {"scale": False}, (5, 4, 6), False),
         ("image_jit", {}, (5, 4, 6), True),
     )
+    @pytest.mark.slow
     def test_group_normalization(self, kwargs, input_shape, jit):
         keras.utils.set_random_seed(0)
         kwargs = {"groups": 2, **kwargs}

@@ -1,4 +1,4 @@
-"""The registry: which layers are ghost, fallback or refused, and the README."""
+"""The registry: which layers are ghost, fallback or refused, and the docs' table."""
 
 import os
 
@@ -11,7 +11,8 @@ from tf_dpadam.ghost_clipping import registry
 
 import helpers
 
-_README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+_GUIDE = os.path.join(os.path.dirname(__file__), "..", "docs", "guides",
+                      "layers_and_clipping.md")
 
 
 class _SubclassedDense(keras.layers.Dense):
@@ -108,14 +109,15 @@ class RuleLookupTest(parameterized.TestCase):
         })
 
 
-class ReadmeTest(absltest.TestCase):
+class DocsTableTest(absltest.TestCase):
 
-    def test_readme_table_is_the_registry(self):
-        with open(_README, encoding="utf-8") as f:
-            readme = f.read()
+    def test_the_guide_table_is_the_registry(self):
+        with open(_GUIDE, encoding="utf-8") as f:
+            guide = f.read()
         self.assertIn(
-            registry.markdown_table(), readme,
-            "README.md's table of ghost rules is out of date: paste"
+            registry.markdown_table(), guide,
+            "docs/guides/layers_and_clipping.md's table of ghost rules is out"
+            " of date: paste"
             " tf_dpadam.ghost_clipping.registry.markdown_table() into it.",
         )
 

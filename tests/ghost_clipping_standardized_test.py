@@ -7,6 +7,7 @@ from unittest import mock
 
 import keras
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -57,6 +58,7 @@ class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
         ("regularized", {"regularizer": keras.regularizers.L2(0.1)}, False),
         ("same_jit", {"padding": "same", "strides": 2}, True),
     )
+    @pytest.mark.slow
     def test_ws_conv2d(self, kwargs, jit):
         kwargs = {"use_bias": False, **kwargs}
         keras.utils.set_random_seed(0)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
@@ -17,6 +18,7 @@ _SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 class ModelTest(helpers.GhostLockstepMixin, parameterized.TestCase):
 
     @parameterized.named_parameters(("graph", False, 32), ("jit", True, 16))
+    @pytest.mark.slow
     def test_paper_cnn(self, jit, size):
         keras.utils.set_random_seed(0)
         layers = keras.layers
@@ -37,6 +39,7 @@ class ModelTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assertTrue(ghost_clipping.supports(model))
         self.assert_lockstep(model, x, y, loss=_SCCE, jit=jit)
 
+    @pytest.mark.slow
     def test_transformer_block(self):
         keras.utils.set_random_seed(0)
         layers = keras.layers
@@ -139,6 +142,7 @@ class ModelTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         x = helpers.rng().integers(0, 9, size=(helpers.BATCH, 4)).astype("int32")
         self.assert_lockstep(model, x, helpers.normal((helpers.BATCH, 3), seed=1))
 
+    @pytest.mark.slow
     def test_weight_regularizers(self):
         keras.utils.set_random_seed(0)
         model = helpers.sequential(

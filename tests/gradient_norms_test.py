@@ -10,11 +10,11 @@ the weights do not move, and bad input raises.
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from research import models
 
 import helpers
 
@@ -49,6 +49,7 @@ def _double(x):
 class PerExampleGradientNormsTest(parameterized.TestCase):
 
     @parameterized.parameters("ghost", "vectorized")
+    @pytest.mark.slow
     def test_equals_brute_force(self, clipping):
         x, y = helpers.classification_data(10)
         model = helpers.mlp(kernel_regularizer=keras.regularizers.L2(0.1))
@@ -89,15 +90,9 @@ class PerExampleGradientNormsTest(parameterized.TestCase):
         plain = _brute_force_norms(model, helpers.LOSS, x, y)
         self.assertGreater(np.max(np.abs(plain - want) / want), 1e-3)
 
+    @pytest.mark.slow
     def test_task_model_on_strings(self):
-        import keras_hub
-
-        keras.utils.set_random_seed(0)
-        backbone, preprocessor = models.make_tiny_bert(
-            num_layers=1, hidden_dim=16, intermediate_dim=32,
-            sequence_length=8, dropout=0.0)
-        model = keras_hub.models.BertTextClassifier(
-            backbone, 2, preprocessor=preprocessor, dropout=0.0)
+        model = helpers.tiny_bert_classifier(seed=0)
         sentences = np.array(["the movie was good", "bad film",
                               "a great story", "terrible acting", "story"])
         labels = np.array([1, 0, 1, 0, 1])

@@ -1,22 +1,17 @@
-"""Fixtures shared by the test files.
+"""Fixtures shared by the library's test files.
 
 Small data, models and seeds; ghost clipping in lockstep with explicit
-clipping; the examples' recorded runs; a hand-made diagnostics snapshot.
+clipping; a hand-made diagnostics snapshot; tiny BERT models. The research
+harness's fixtures (recorded runs, fake training) are in
+research/tests/research_helpers.py: nothing here imports `research`.
 """
 
-import dataclasses
-import os
 import random
-import shutil
-import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from research import common
-from research import runs
-from research import experiments
 import tf_dpadam
 from tf_dpadam import dp_math
 from tf_dpadam import ghost_clipping
@@ -181,72 +176,6 @@ class GhostLockstepMixin:
             )
 
 
-# The examples: recorded runs (tests/testdata) and runs that do not train.
-
-TESTDATA = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "testdata")
-# The grids of the recorded runs in tests/testdata/runs_fashion_mnist.
-RECORDED_GRIDS = {"dpsgd": (0.1, 1.0), "dpadam": (1e-3, 1e-2),
-                  "dpadam_corrected": (1e-3, 1e-2)}
-RECORDED_GAMMAS = {"dpadam": (1e-8,), "dpadam_corrected": (None,)}
-
-
-def train_config(**overrides):
-    """A small `TrainConfig` (B = 16 in physical batches of 8, lr 1e-3,
-    evaluated every 2 steps); `overrides` replace its values."""
-    values = dict(
-        optimizer="dpadam_corrected", l2_norm_clip=1.0, noise_multiplier=1.0,
-        batch_size=16, physical_batch_size=8, learning_rate=1e-3,
-        epsilon=None, phi=None, beta_1=0.9, beta_2=0.999, momentum=0.0,
-        target_epsilon=None, delta=1e-5, epochs=None, eval_every=2,
-        model_dir=None, seed=0, jit_compile=False,
-    )
-    values.update(overrides)
-    return common.TrainConfig(**values)
-
-
-def fake_train_fn(accuracy, calls=None):
-    """A train_fn that writes the metrics.json of a finished 4-step run
-    (evaluated at steps 2 and 4) with `accuracy(config)`, without training."""
-    def train_fn(config):
-        if calls is not None:
-            calls.append(config)
-        value = accuracy(config)
-        results = {
-            "config": dataclasses.asdict(config), "num_examples": 64,
-            "steps": 4, "planned_steps": 4, "epsilon": 4.87, "delta": 1e-5,
-            "test_accuracy": value, "test_loss": 1.0, "wall_seconds": 0.1,
-            "history": [{"step": 2, "val_accuracy": value / 2},
-                        {"step": 4, "val_accuracy": value}],
-        }
-        os.makedirs(config.model_dir, exist_ok=True)
-        # Whole or not at all, as training writes it.
-        runs.write_json(os.path.join(config.model_dir, "metrics.json"),
-                        results)
-        return results
-    return train_fn
-
-
-def copy_testdata(name):
-    """A scratch copy of tests/testdata/<name> (a folder of run folders)."""
-    target = os.path.join(tempfile.mkdtemp(), name)
-    shutil.copytree(os.path.join(TESTDATA, name), target)
-    return target
-
-
-def recorded_plan(runs_dir):
-    """The plan of the recorded runs in tests/testdata/runs_fashion_mnist:
-    64 examples, B = 16, one epoch (4 steps), 2 x 3 settings, seeds 0, 1."""
-    base = common.base_config(
-        "fashion_mnist", batch_size=16, noise_multiplier=1.0,
-        target_epsilon=None, epochs=1.0, eval_every=2)
-    return experiments.make_plan(
-        "fashion_mnist", base=base, learning_rates=RECORDED_GRIDS,
-        gammas=RECORDED_GAMMAS,
-        seeds=(0, 1), runs_dir=runs_dir,
-        data=experiments.data_spec("fashion_mnist"))
-
-
 # The diagnostics.
 
 def hand_made_snapshot():
@@ -261,21 +190,6 @@ def hand_made_snapshot():
         step=3, phi=0.5, gamma=0.01, noise_phi=0.5, beta_1=0.9, beta_2=0.999,
         m_clean=m, v_clean=v, m_private=m.copy(), v_private=v + 0.5,
     )
-
-
-def write_sst2_tsv(train=48, dev=16):
-    """A folder of SST-2-like train.tsv and dev.tsv (random 5-word
-    sentences of a tiny vocabulary, label 1 when "good" is in it)."""
-    folder = tempfile.mkdtemp()
-    generator = np.random.default_rng(0)
-    words = ["good", "bad", "movie", "the", "a", "great", "awful"]
-    for name, n in (("train.tsv", train), ("dev.tsv", dev)):
-        with open(os.path.join(folder, name), "w") as f:
-            f.write("sentence\tlabel\n")
-            for _ in range(n):
-                sentence = " ".join(generator.choice(words, size=5))
-                f.write(f"{sentence}\t{int('good' in sentence)}\n")
-    return folder
 
 
 def reference_dpsgd_step(test, model, loss, x, y):
@@ -346,3 +260,31 @@ def tiny_lora_bert(length, output="pooled_output", seed=0):
     features = (outputs["sequence_output"][:, 0] if output == "cls"
                 else outputs[output])
     return keras.Model(inputs, keras.layers.Dense(2, name="head")(features))
+
+
+# A tiny BERT WordPiece vocabulary: the special tokens and a few English
+# words, so that ordinary sentences tokenize into more than [UNK].
+TINY_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
+    "the a an and or of to in is was it this that movie film good bad great "
+    "awful not very fun boring story man woman dog cat sits runs plays "
+    "outside inside animal person ##s ##ing ##ed . , ! ?"
+).split()
+
+
+def tiny_bert_classifier(seed=0):
+    """A keras-hub `BertTextClassifier` of raw strings, 2 classes: a random
+    1-block BERT (width 16, 2 heads, no dropout) and its preprocessor on
+    `TINY_VOCABULARY` (8 tokens per sentence); seeded."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    tokenizer = keras_hub.models.BertTokenizer(
+        vocabulary=list(TINY_VOCABULARY), lowercase=True)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
+        tokenizer, sequence_length=8)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(TINY_VOCABULARY), num_layers=1, num_heads=2,
+        hidden_dim=16, intermediate_dim=32, dropout=0.0,
+        max_sequence_length=8)
+    return keras_hub.models.BertTextClassifier(
+        backbone, 2, preprocessor=preprocessor, dropout=0.0)

@@ -9,6 +9,7 @@ epsilon dozens of times and must not warn at each probe.
 import math
 import warnings
 
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 import keras
@@ -110,6 +111,7 @@ def _data():
 class PrivacyBudgetLargeDeltaTest(parameterized.TestCase):
 
     @parameterized.parameters(("given", N), ("from_the_data", None))
+    @pytest.mark.slow
     def test_warns_once_per_fit(self, _, num_examples):
         model = _model()
         x, y = _data()

@@ -12,6 +12,7 @@ import tempfile
 
 import keras
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 import tf_dpadam
@@ -66,6 +67,7 @@ class LoraStateTest(absltest.TestCase):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
 
+    @pytest.mark.slow
     def test_resume_from_saved_model_equals_uninterrupted(self):
         for build, data in ((_lora_bert, _data()),
                             (_lora_mlp, helpers.classification_data(

@@ -12,7 +12,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from absl.testing import absltest
+
+pytestmark = pytest.mark.slow  # Two worker processes.
 
 _WORKERS = 2
 

@@ -9,6 +9,7 @@ import h5py
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from scipy import stats
@@ -17,6 +18,8 @@ import tf_dpadam
 from tf_dpadam import privatizer
 
 import helpers
+
+pytestmark = pytest.mark.slow  # Trains and saves models, many times.
 
 _UNITS_IN, _UNITS_OUT = 200, 250  # 50,000 kernel coordinates.
 _EXAMPLES = 4

@@ -1,4 +1,4 @@
-"""research/tpu_colab.ipynb runs on CPU (its TPU branch skipped) on a tiny
+"""examples/tpu_colab.ipynb runs on CPU (its TPU branch skipped) on a tiny
 setting, and still shows Colab users the TPU path.
 
 The notebook's code cells, less their shell lines (`!pip install ...`, which
@@ -13,7 +13,10 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
 from absl.testing import absltest
+
+pytestmark = pytest.mark.slow  # Runs the notebook in a subprocess.
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NOTEBOOK = os.path.join(_ROOT, "examples", "tpu_colab.ipynb")

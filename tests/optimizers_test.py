@@ -18,6 +18,7 @@ import math
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from scipy import stats
@@ -375,6 +376,7 @@ class LockstepTest(parameterized.TestCase):
         (f"{rule}_{'xla' if jit else 'graph'}_b_{b or 'counted'}", rule, jit, b)
         for rule, jit, b in _LOCKSTEP_CASES
     )
+    @pytest.mark.slow
     def test_weights_follow_numpy_reference_every_step(
         self, rule, jit_compile, batch_size
     ):
@@ -390,6 +392,7 @@ class LockstepTest(parameterized.TestCase):
         ("counted_b", None, [12, 8]),
         ("fixed_b", 16, [16, 16]),
     )
+    @pytest.mark.slow
     def test_step_phi_uses_the_step_denominator(self, batch_size, expected_b):
         sigma, clip = 1.3, 0.7
         x, y = _data()
@@ -496,6 +499,7 @@ class NoiseStatisticsTest(parameterized.TestCase):
         ("counted_b", None, False), ("fixed_b", 20, False),
         ("fixed_b_xla", 20, True),
     )
+    @pytest.mark.slow
     def test_dpsgd_update_is_gaussian_with_std_sigma_c_over_b(
         self, batch_size, jit
     ):
@@ -526,6 +530,7 @@ class NoiseStatisticsTest(parameterized.TestCase):
         ("seed_pair_graph", "pair", False),
         ("seed_pair_xla", "pair", True),
     )
+    @pytest.mark.slow
     def test_equal_shaped_tensors_get_independent_noise(self, seed, jit):
         # Two tensors of one shape (as a model's twin layers have), two
         # steps: four draws that must be independent N(0, stddev^2).
@@ -697,6 +702,7 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
         ("corrected", "corrected", 1), ("corrected_phi", "corrected_phi", 1),
         ("corrected_phi_accumulated", "corrected_phi", 2),
     )
+    @pytest.mark.slow
     def test_weights_and_average_follow_reference(self, rule, accumulation):
         weight_decay, ema_momentum = 0.05, 0.8
         x, y = _data()
@@ -754,6 +760,7 @@ class WeightDecayAndEmaTest(parameterized.TestCase):
         self.assertGreater(max(np.abs(a - b).max() for a, b in zip(
             reference.average, trajectory[-1])), 1e-5)
 
+    @pytest.mark.slow
     def test_validation_on_averaged_weights_leaves_training_unchanged(self):
         # keras.callbacks.SwapEMAWeights evaluates on the averaged weights
         # during fit and swaps the trained ones back: the training trajectory
@@ -861,6 +868,7 @@ class KerasGradientClippingTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.array(variable), np.ones(3))
 
     @parameterized.product(rule=("dpsgd", "dpadam"), arg=_CLIP_ARGS)
+    @pytest.mark.slow
     def test_dpsgd_and_dpadam_train_with_keras_clipping(self, rule, arg):
         x, y = _data()
         x64 = x.astype(np.float64)

@@ -19,6 +19,40 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python")
 # Underscored names that are public APIs (namedtuple's, the standard library's).
 PUBLIC_UNDERSCORED = ("_replace", "_asdict", "_fields", "_make", "_getframe")
 
+# One test module per library module, named after it: tf_dpadam/x.py ->
+# tests/x_test.py, tf_dpadam/pkg/y.py -> tests/pkg_y_test.py, a package's
+# __init__.py -> tests/pkg_test.py (an __init__.py that only re-exports needs
+# none). The modules below are tested elsewhere for now; each names the test
+# modules that cover it. Remove an entry when its module gets its own tests.
+TESTED_ELSEWHERE = {
+    "tf_dpadam/accounting/calibration.py": ("accounting_test.py",),
+    "tf_dpadam/accounting/epsilon.py": ("accounting_test.py",
+                                        "privacy_budget_pld_test.py"),
+    "tf_dpadam/accounting/passes.py": ("accounting_test.py",
+                                       "private_fit_test.py"),
+    "tf_dpadam/accounting/plans.py": ("accounting_test.py",
+                                      "private_fit_test.py",
+                                      "large_delta_test.py"),
+    "tf_dpadam/accounting/statement.py": ("accounting_test.py",
+                                          "privacy_cli_test.py"),
+    "tf_dpadam/ghost_clipping/blocks.py": (
+        "ghost_clipping_embedding_block_test.py",
+        "ghost_clipping_dense_test.py"),
+    "tf_dpadam/ghost_clipping/plan.py": ("ghost_clipping_step_test.py",
+                                         "ghost_clipping_fallback_test.py"),
+    "tf_dpadam/ghost_clipping/rule.py": ("ghost_clipping_registry_test.py",
+                                         "ghost_clipping_dense_test.py"),
+    "tf_dpadam/independence/errors.py": ("sensitivity_zoo_test.py",),
+    "tf_dpadam/independence/guard.py": ("sensitivity_zoo_test.py",),
+    "tf_dpadam/independence/loss_check.py": ("sensitivity_zoo_test.py",),
+    "tf_dpadam/independence/model_check.py": ("sensitivity_zoo_test.py",),
+    "tf_dpadam/layers.py": ("ghost_clipping_standardized_test.py",
+                            "privacy_zoo_test.py"),
+    "tf_dpadam/privacy.py": ("privacy_cli_test.py",),
+    "tf_dpadam/sampling.py": ("data_test.py", "data_source_test.py"),
+    "tf_dpadam/version.py": ("packaging_test.py",),
+}
+
 
 def library_files():
     return sorted(PACKAGE.rglob("*.py"))
@@ -102,6 +136,35 @@ def foreign_private_api_uses(path):
     return uses
 
 
+def named_test_module(path):
+    """tests/<name>_test.py for library file `path`; None if it needs none."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[-1] == "__init__":
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                  ast.ClassDef)) for n in tree.body):
+            return None  # Re-exports only.
+        parts = parts[:-1] or ("tf_dpadam",)
+    return "_".join(parts) + "_test.py"
+
+
+def modules_without_named_tests(paths, test_names, tested_elsewhere):
+    """(library files lacking their test module, stale exceptions)."""
+    missing, stale = [], []
+    for path in paths:
+        name = str(path.relative_to(PACKAGE.parent))
+        expected = named_test_module(path)
+        if expected in test_names:
+            if name in tested_elsewhere:
+                stale.append(f"{name} (has {expected})")
+        elif expected and name not in tested_elsewhere:
+            missing.append(f"{name} -> tests/{expected}")
+    files = {str(p.relative_to(PACKAGE.parent)) for p in paths}
+    stale += [f"{m} (no such module)" for m in tested_elsewhere
+              if m not in files]
+    return missing, stale
+
+
 class PackageStructureTest(absltest.TestCase):
 
     def test_finds_the_library(self):
@@ -128,6 +191,33 @@ class PackageStructureTest(absltest.TestCase):
             if uses := foreign_private_api_uses(path):
                 found[str(path.relative_to(PACKAGE.parent))] = uses
         self.assertEqual(found, {})
+
+    def test_every_module_has_a_test_module_named_after_it(self):
+        tests = {p.name for p in (PACKAGE.parent / "tests").glob("*_test.py")}
+        missing, stale = modules_without_named_tests(
+            library_files(), tests, TESTED_ELSEWHERE)
+        if missing:
+            self.fail(
+                "library modules without a test module named after them: add"
+                " the test module (tf_dpadam/x.py -> tests/x_test.py,"
+                " tf_dpadam/pkg/y.py -> tests/pkg_y_test.py) or, if other"
+                " test modules cover the module, list it with their names in"
+                " TESTED_ELSEWHERE (tests/package_structure_test.py):\n  "
+                + "\n  ".join(missing))
+        self.assertEqual(stale, [], "TESTED_ELSEWHERE entries to remove")
+        for module, covering in TESTED_ELSEWHERE.items():
+            self.assertLessEqual(set(covering), tests, module)
+
+    def test_the_naming_check_can_fail(self):
+        paths = [PACKAGE / "dp_math.py", PACKAGE / "audit" / "bound.py",
+                 PACKAGE / "compat.py"]
+        missing, stale = modules_without_named_tests(
+            paths, {"dp_math_test.py", "compat_test.py"},
+            {"tf_dpadam/compat.py": (), "tf_dpadam/gone.py": ()})
+        self.assertEqual(missing, [
+            "tf_dpadam/audit/bound.py -> tests/audit_bound_test.py"])
+        self.assertEqual(stale, ["tf_dpadam/compat.py (has compat_test.py)",
+                                 "tf_dpadam/gone.py (no such module)"])
 
     def test_the_checks_can_fail(self):
         sample = PACKAGE.parent / "tests" / "testdata" / "structure_sample.py"

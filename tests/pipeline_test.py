@@ -14,10 +14,11 @@ import tempfile
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 
 import tf_dpadam
-from research import models
+from tf_dpadam import pipeline
 
 import helpers
 
@@ -30,14 +31,7 @@ _LABELS = np.array([1, 0, 1, 0, 1, 0, 1, 1])
 
 
 def _task_model(seed=0):
-    import keras_hub
-
-    keras.utils.set_random_seed(seed)
-    backbone, preprocessor = models.make_tiny_bert(
-        num_layers=1, hidden_dim=16, intermediate_dim=32, sequence_length=8,
-        dropout=0.0)
-    return keras_hub.models.BertTextClassifier(
-        backbone, 2, preprocessor=preprocessor, dropout=0.0)
+    return helpers.tiny_bert_classifier(seed)
 
 
 def _private(model, clip, clipping="auto"):
@@ -58,6 +52,7 @@ def _token_ids(model, sentences):
 
 class TaskModelTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_fit_on_strings_equals_brute_force(self):
         model = _task_model()
         variables = model.trainable_variables
@@ -108,6 +103,7 @@ class TaskModelTest(absltest.TestCase):
             loaded.predict(_SENTENCES, verbose=0), logits, rtol=1e-5,
             atol=1e-6)
 
+    @pytest.mark.slow
     def test_validation_data_of_strings(self):
         private = _private(_task_model(), clip=1.0)
         history = private.fit(
@@ -131,6 +127,51 @@ class TaskModelTest(absltest.TestCase):
             private.fit(dataset, batch_size=4, verbose=0)
         with self.assertRaisesRegex(ValueError, "validation_split"):
             private.fit(dataset, validation_split=0.5, verbose=0)
+
+
+class RowsTest(absltest.TestCase):
+    """`as_rows`, `num_rows` and `split_rows`, shared by `fit`'s sampling
+    and the keras-hub preprocessing."""
+
+    def test_a_list_of_rows_becomes_one_array(self):
+        for numpy_leaves in (False, True):
+            rows = pipeline.as_rows(["a", "bc", "d"],
+                                    numpy_leaves=numpy_leaves)
+            self.assertIsInstance(rows, np.ndarray)
+            self.assertEqual(rows.tolist(), ["a", "bc", "d"])
+            self.assertIsNone(pipeline.as_rows(None,
+                                               numpy_leaves=numpy_leaves))
+
+    def test_structures_and_tensors(self):
+        tensor = tf.constant([[1.0], [2.0]])
+        data = {"ids": [[1, 2], [3, 4]], "x": tensor}
+        kept = pipeline.as_rows(data)
+        self.assertIs(kept["x"], tensor)  # Tensors stay tensors.
+        self.assertEqual(kept["ids"].shape, (2, 2))
+        as_numpy = pipeline.as_rows((tensor, [1, 2]), numpy_leaves=True)
+        self.assertIsInstance(as_numpy, tuple)
+        self.assertIsInstance(as_numpy[0], np.ndarray)
+        np.testing.assert_array_equal(as_numpy[1], [1, 2])
+
+    def test_a_list_of_arrays(self):
+        a, b = np.zeros((3, 2)), np.ones((3, 1))
+        # For fit: the inputs of a multi-input model stay a list.
+        inputs = pipeline.as_rows([a, b], numpy_leaves=True)
+        self.assertIsInstance(inputs, list)
+        self.assertLen(inputs, 2)
+        # For tf.data slicing: one array (as tf.data reads a list).
+        stacked = pipeline.as_rows([a, a])
+        self.assertEqual(stacked.shape, (2, 3, 2))
+
+    def test_num_rows_and_split_rows(self):
+        data = ({"x": np.arange(10).reshape(5, 2)}, np.arange(5), None)
+        self.assertEqual(pipeline.num_rows(data), 5)
+        head, tail = (pipeline.split_rows(data, 0, 3),
+                      pipeline.split_rows(data, 3, 5))
+        np.testing.assert_array_equal(head[1], [0, 1, 2])
+        np.testing.assert_array_equal(tail[0]["x"], [[6, 7], [8, 9]])
+        self.assertIsNone(tail[2])
+        self.assertIsNone(pipeline.split_rows(None, 0, 1))
 
 
 if __name__ == "__main__":

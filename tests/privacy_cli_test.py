@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from absl import app
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -39,6 +40,7 @@ def _start(module, *args):
 
 class CommandLineTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_subprocess_statement(self):
         # Two invocations only (the old name and the new one, one mode
         # each): each pays the package's import time. The other modes are
@@ -63,6 +65,7 @@ class CommandLineTest(absltest.TestCase):
             )
             self.assertIn(f"epsilon = {epsilon:.4g} ({name}", out)
 
+    @pytest.mark.slow
     def test_subprocess_calibrated_steps_under_the_new_name(self):
         process = _start(
             "tf_dpadam.privacy_cli", "--num_examples=50000",
@@ -79,6 +82,7 @@ class CommandLineTest(absltest.TestCase):
             ) + "\n",
         )
 
+    @pytest.mark.slow
     def test_subprocess_usage_errors_take_one_line(self):
         # A bad value, a missing one, an impossible combination: one line
         # naming the flag, exit code 2, no help text and no traceback.
@@ -101,6 +105,7 @@ class CommandLineTest(absltest.TestCase):
             self.assertNotIn("Traceback", err)
             self.assertNotIn("--accountant", err + out)  # No help dump.
 
+    @pytest.mark.slow
     def test_subprocess_help_of_the_old_name_shows_the_usage_and_flags(self):
         process = _start("tf_dpadam.privacy", "--help")
         out, _ = process.communicate(timeout=120)  # absl exits 1 on --help.

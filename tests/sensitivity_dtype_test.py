@@ -17,12 +17,15 @@ gradients from one-example `tf.GradientTape`s, clipped and summed in NumPy.
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
 
 import sensitivity
+
+pytestmark = pytest.mark.slow  # Trains under several dtype policies.
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "float16",
             "bfloat16")

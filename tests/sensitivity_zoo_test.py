@@ -22,6 +22,7 @@ import tempfile
 import keras
 import numpy as np
 import tensorflow as tf
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
@@ -258,6 +259,7 @@ class MixingIsRefusedTest(parameterized.TestCase):
             private.train_on_batch(x, y)
 
 
+@pytest.mark.slow  # Trains each model of the zoo (about 40 s).
 class NotMixingIsExactTest(parameterized.TestCase):
 
     @parameterized.parameters(*NOT_MIXING)

@@ -1,16 +1,20 @@
-"""The TensorFlow and Keras versions setup.py accepts are the tested ones.
+"""The TensorFlow and Keras versions pyproject.toml accepts are the tested ones.
 
 tf_dpadam relies on private APIs of TensorFlow 2.21 and Keras 3.15 (the
 oneDNN workaround in tf_dpadam/vectorization.py, tf_dpadam/compat.py),
 and CI runs on one pinned environment (requirements_lock.txt). So the range
-setup.py declares must contain the versions installed here and pinned in the
-lock, and no other minor version, which nothing tests. setup.py is read with
-`ast`, not run.
+pyproject.toml declares (`[project] dependencies`; setup.py reads it) must
+contain the versions installed here and pinned in the lock, and no other
+minor version, which nothing tests.
 """
 
-import ast
 import os
 import tempfile
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import keras
 import tensorflow as tf
@@ -22,22 +26,19 @@ from packaging import version
 _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-def install_requires(setup_py):
-    """The `install_requires` list of the `setup(...)` call in `setup_py`."""
-    with open(setup_py, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), setup_py)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for keyword in node.keywords:
-                if keyword.arg == "install_requires":
-                    return ast.literal_eval(keyword.value)
-    raise ValueError(f"No install_requires in {setup_py}.")
+def dependencies(pyproject):
+    """The `[project] dependencies` list of the file `pyproject`."""
+    with open(pyproject, "rb") as f:
+        project = tomllib.load(f).get("project", {})
+    if "dependencies" not in project:
+        raise ValueError(f"No [project] dependencies in {pyproject}.")
+    return project["dependencies"]
 
 
-def declared_specifiers(setup_py):
-    """{normalized name: SpecifierSet} of setup.py's install_requires."""
+def declared_specifiers(pyproject):
+    """{normalized name: SpecifierSet} of pyproject.toml's dependencies."""
     out = {}
-    for line in install_requires(setup_py):
+    for line in dependencies(pyproject):
         req = requirements.Requirement(line)
         out[req.name.lower().replace("_", "-")] = req.specifier
     return out
@@ -63,19 +64,23 @@ class VersionsTest(parameterized.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.declared = declared_specifiers(os.path.join(_ROOT, "setup.py"))
+        self.declared = declared_specifiers(
+            os.path.join(_ROOT, "pyproject.toml"))
         self.locked = locked_versions(
             os.path.join(_ROOT, "requirements_lock.txt"))
 
     def test_parser_reads_a_known_range(self):
-        # The helpers themselves, on a setup.py written here.
+        # The helpers themselves, on a pyproject.toml written here.
         with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "setup.py")
+            path = os.path.join(folder, "pyproject.toml")
             with open(path, "w", encoding="utf-8") as f:
-                f.write('import setuptools\nsetuptools.setup(name="x",'
-                        ' install_requires=["tensorflow>=2.21,<2.22",'
-                        ' "numpy"])\n')
+                f.write('[project]\nname = "x"\ndependencies = ['
+                        '"tensorflow>=2.21,<2.22", "numpy"]\n')
             got = declared_specifiers(path)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write('[project]\nname = "x"\n')
+            with self.assertRaisesRegex(ValueError, "No \\[project\\]"):
+                declared_specifiers(path)
         self.assertIn("2.21.3", got["tensorflow"])
         self.assertNotIn("2.22.0", got["tensorflow"])
         self.assertNotIn("2.16.0", got["tensorflow"])
@@ -87,7 +92,7 @@ class VersionsTest(parameterized.TestCase):
         installed = version.Version(_INSTALLED[name])
         self.assertTrue(
             specifier.contains(installed, prereleases=True),
-            f"{name} {installed} is installed but setup.py declares"
+            f"{name} {installed} is installed but pyproject.toml declares"
             f" {name}{specifier}")
 
     @parameterized.parameters("tensorflow", "keras")
@@ -95,7 +100,7 @@ class VersionsTest(parameterized.TestCase):
         self.assertIn(name, self.locked)
         self.assertIn(self.locked[name], self.declared[name],
                       f"requirements_lock.txt pins {name}=="
-                      f"{self.locked[name]} outside setup.py's"
+                      f"{self.locked[name]} outside pyproject.toml's"
                       f" {name}{self.declared[name]}")
 
     @parameterized.parameters("tensorflow", "keras")

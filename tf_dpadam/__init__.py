@@ -1,9 +1,25 @@
-"""tf_dpadam: differentially private Keras 3 training with bias-corrected DP-Adam."""
+"""tf_dpadam: differentially private Keras 3 training with bias-corrected DP-Adam.
 
+The public API (`__all__`): the three DP optimizers (`DPSGD`, `DPAdam`,
+`DPAdamCorrected`, with their hyperparameters in `DPConfig`), `make_private`
+and `PrivateModel` (per-example clipping in the train step), the privacy
+accounting (`epsilon_after_steps`, `calibrate_steps`,
+`calibrate_noise_multiplier`, `compute_dp_sgd_privacy`,
+`compute_dp_sgd_privacy_statement`, and the `accounting` package),
+`PrivacyBudget` (epsilon in the logs, a stop at a budget),
+`per_example_gradient_norms`, `MomentDiagnostics`, and the modules `data`
+(Poisson batches), `sharding` (multi-worker), `layers`, `run_dir`
+(resumable runs that never misstate epsilon), `audit` and `diagnostics`;
+`StepHooks`, the interface through which the audit and diagnostics observe
+the private train step.
+"""
+
+from tf_dpadam import accounting
 from tf_dpadam import audit
 from tf_dpadam import data
 from tf_dpadam import diagnostics
 from tf_dpadam import layers
+from tf_dpadam import run_dir
 from tf_dpadam import sharding
 from tf_dpadam.accounting import calibrate_noise_multiplier
 from tf_dpadam.accounting import calibrate_steps
@@ -19,5 +35,35 @@ from tf_dpadam.optimizers import DPAdamCorrected
 from tf_dpadam.optimizers import DPSGD
 from tf_dpadam.private_model import make_private
 from tf_dpadam.private_model import PrivateModel
+from tf_dpadam.step.hooks import StepHooks
+from tf_dpadam.version import __version__
 
-__version__ = "0.1.0"
+__all__ = [
+    # Optimizers and their configuration.
+    "DPAdam",
+    "DPAdamCorrected",
+    "DPConfig",
+    "DPSGD",
+    # The private model.
+    "PrivateModel",
+    "make_private",
+    "per_example_gradient_norms",
+    "StepHooks",
+    # Accounting.
+    "PrivacyBudget",
+    "calibrate_noise_multiplier",
+    "calibrate_steps",
+    "compute_dp_sgd_privacy",
+    "compute_dp_sgd_privacy_statement",
+    "epsilon_after_steps",
+    # Diagnostics (not differentially private: a research tool).
+    "MomentDiagnostics",
+    # Modules.
+    "accounting",
+    "audit",
+    "data",
+    "diagnostics",
+    "layers",
+    "run_dir",
+    "sharding",
+]

@@ -89,13 +89,13 @@ class PrivacyBudget(keras.callbacks.Callback):
 
     def __init__(
         self,
-        num_examples=None,
-        delta=None,
-        target_epsilon=None,
-        accountant="pld",
-        batch_size=None,
-        verbose=1,
-    ):
+        num_examples: int | None = None,
+        delta: float | None = None,
+        target_epsilon: float | None = None,
+        accountant: str = "pld",
+        batch_size: int | None = None,
+        verbose: int = 1,
+    ) -> None:
         """Creates the callback.
 
         Args:

@@ -15,11 +15,17 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import dp_math
-from tf_dpadam import privatizer
+from tf_dpadam.step import hooks
+from tf_dpadam.step import noise
+from tf_dpadam.step import replicas
 
 
-class CleanGradients:
+class CleanGradients(hooks.StepHooks):
     """One float32 variable per trainable variable: `sum_i clip(g_i) / B`.
+
+    The step hooks of `make_private(diagnostics=True)`: `build` creates the
+    variables, `after_clipping` counts the non-finite examples and
+    `before_noise` stores the clean gradient.
 
     Attributes:
         variables: those variables (None before `build`).
@@ -27,6 +33,8 @@ class CleanGradients:
             of all DP steps so far whose gradient or loss was NaN or
             infinite (None before `build`).
     """
+
+    observes_clean_sum = True
 
     def __init__(self):
         self.variables = None
@@ -76,6 +84,12 @@ class CleanGradients:
                 " created in the strategy's scope."
             )
 
+    def after_clipping(self, norms, losses, present):
+        self.record_non_finite(norms, losses, present)
+
+    def before_noise(self, summed, denominator):
+        self.record(summed, denominator)
+
     def record_non_finite(self, norms, losses, present):
         """Adds the step's examples whose gradient or loss is not finite.
 
@@ -88,7 +102,7 @@ class CleanGradients:
                                          ops.cast(losses, "float32"))
         count = ops.sum(ops.cast(present, "float32")
                         * (1.0 - ops.cast(finite, "float32")))
-        count = privatizer.sum_over_replicas(count)
+        count = replicas.sum_over_replicas(count)
         self.non_finite_count.assign(self.non_finite_count + count)
 
     def record(self, summed, denominator):
@@ -100,5 +114,5 @@ class CleanGradients:
             denominator: the B the private gradient is divided by.
         """
         for variable, g in zip(self.variables,
-                               privatizer.scale(summed, denominator)):
+                               noise.scale(summed, denominator)):
             variable.assign(g)

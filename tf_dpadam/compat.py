@@ -31,9 +31,12 @@ except ImportError:  # pragma: no cover
     def set_keras_mask(x, mask):
         x._keras_mask = mask
 
+# The base class of objects that Keras saves with a model (`LoraFactors`).
+from keras.src.saving.keras_saveable import KerasSaveable  # noqa: E402
+
 __all__ = [
     "any_symbolic_tensors", "get_keras_mask", "set_keras_mask",
-    "in_stateless_scope",
+    "in_stateless_scope", "KerasSaveable",
 ]
 
 
@@ -162,3 +165,134 @@ def update_compile_metrics(model, y, y_pred, sample_weight, row_mask):
                                         flat_y, flat_pred, weights):
         if metric:
             metric.update_state(y_t, y_p, weight)
+
+
+def global_seed_generator_states():
+    """The state variable of Keras' global seed generator, in a list (empty
+    if it does not exist yet)."""
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # pragma: no cover
+        return []
+    generator = global_state.get_global_attribute("global_seed_generator")
+    state = getattr(generator, "state", None)
+    return [] if state is None else [state]
+
+
+def dataset_inputs(dataset):
+    """The datasets a `tf.data.Dataset` reads from (tf.data's `_inputs()`)."""
+    return dataset._inputs()  # pylint: disable=protected-access
+
+
+def distributed_dataset_fn(data):
+    """The `dataset_fn` a `strategy.distribute_datasets_from_function`
+    dataset was made from (tf.distribute's `_dataset_fn`), else None."""
+    return getattr(data, "_dataset_fn", None)
+
+
+def pfor_converter_registry():
+    """`(registry, wrap)` of TensorFlow's vectorizer (pfor), or `(None, None)`.
+
+    `registry` maps an op's name to its converter (`tf.vectorized_map` reads
+    it); `wrap(tensor, stacked)` builds a converter's output. Used by
+    `vectorization.py`, which checks them with a known-answer test.
+    """
+    try:
+        from tensorflow.python.ops.parallel_for import pfor
+        return pfor._pfor_converter_registry, pfor.wrap
+    except (ImportError, AttributeError):
+        return None, None
+
+
+def track_optimizer_variable(optimizer, variable):
+    """Makes `optimizer` save and restore `variable` with its own state.
+
+    For variables that `optimizer.add_variable` cannot make (it has no
+    `synchronization` argument).
+    """
+    optimizer._track_variable(variable)
+
+
+def lora_frozen_kernel(layer):
+    """The frozen kernel W of a LoRA `Dense`/`EinsumDense` (Keras' `kernel`
+    property is W + s A B)."""
+    return layer._kernel
+
+
+def in_cross_replica_context():
+    """Whether a `tf.distribute` strategy is on and this is cross-replica."""
+    return (tf.distribute.has_strategy()
+            and tf.distribute.in_cross_replica_context())
+
+
+class OptimizerOverrides:
+    """The Keras optimizer hooks (private) that the DP optimizers override.
+
+    A mixin placed before the Keras optimizer class:
+
+    - `_backend_update_step` and `_apply_weight_decay`: in cross-replica
+      context (the logical step of gradient accumulation under
+      `tf.distribute`, `tf_dpadam.step.update`), where Keras' TensorFlow
+      optimizer would ask for a `merge_call`, the gradients are already
+      summed over the replicas: every copy of the variables is updated with
+      them. In replica context, Keras' own.
+    - `_clip_gradients`: calls the public `check_gradient_clipping()` first
+      (a subclass refuses Keras' clipping there), then Keras'.
+    """
+
+    def check_gradient_clipping(self):
+        """Raises if Keras' gradient clipping must not run (default: never)."""
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not in_cross_replica_context():
+            return super()._backend_update_step(
+                grads, trainable_variables, learning_rate
+            )
+        self._distributed_tf_update_step(
+            tf.distribute.get_strategy(),
+            [(g, v.value) for g, v in zip(grads, trainable_variables)],
+            learning_rate,
+        )
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is None or not in_cross_replica_context():
+            return super()._apply_weight_decay(variables)
+        strategy = tf.distribute.get_strategy()
+
+        def decay(variable):
+            lr = tf.cast(self.learning_rate, variable.dtype)
+            wd = tf.cast(self.weight_decay, variable.dtype)
+            variable.assign_sub(variable * wd * lr)
+
+        for variable in variables:
+            if self._use_weight_decay(variable):
+                strategy.extended.update(variable.value, decay, group=False)
+
+    def _clip_gradients(self, grads):
+        self.check_gradient_clipping()
+        return super()._clip_gradients(grads)
+
+
+class LocalBatchSymbolicBuild:
+    """A `keras.Model` mixin: builds a distributed model from a local batch.
+
+    Keras' TensorFlow trainer takes the shapes of a distributed batch from
+    one `strategy.reduce` of the whole (x, y) structure, which
+    MultiWorkerMirroredStrategy refuses for a structure (Keras 3.15, TF
+    2.21). The first local replica's batch has the same shapes and needs no
+    communication.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None and self._distribute_strategy is not None:
+            strategy = self._distribute_strategy
+            for _, _, batches in iterator:
+                data_batch = tf.nest.map_structure(
+                    lambda v: strategy.experimental_local_results(v)[0],
+                    next(batches),
+                )
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(
+            iterator=iterator, data_batch=data_batch
+        )

@@ -38,7 +38,7 @@ this pipeline itself (`tf_dpadam.private_fit`).
 
 The amplification by subsampling assumes that nobody can tell which examples
 a step sampled, so the sampling is keyed by a secret: by default 63 bits from
-the operating system's CSPRNG (`privatizer.secret_seed`), which no global seed
+the operating system's CSPRNG (`step.seeds.secret_seed`), which no global seed
 (`keras.utils.set_random_seed`, `tf.random.set_seed`, `random.seed`,
 `np.random.seed`) fixes. Step t's mask is `stateless_uniform(seed=(key,
 nonce_t)) < q`, where the nonces are public 64-bit values, new at every step
@@ -80,10 +80,17 @@ __all__ = [
 ]
 
 
-def poisson_batches(data, *, expected_batch_size, physical_batch_size=None,
-                    steps_per_epoch=None, seed=None,
-                    max_overflow_probability=1e-10, pad_to_multiple_of=None,
-                    first_step=0):
+def poisson_batches(
+    data: tuple | list,
+    *,
+    expected_batch_size: int,
+    physical_batch_size: int | None = None,
+    steps_per_epoch: int | None = None,
+    seed: int | None = None,
+    max_overflow_probability: float = 1e-10,
+    pad_to_multiple_of: int | None = None,
+    first_step: int = 0,
+) -> PoissonBatches:
     """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
 
     The whole dataset is in memory and each step draws a Bernoulli(q) mask

@@ -13,6 +13,8 @@ step t draws from NumPy's Philox keyed by (key, nonce_t).
 Import it from `tf_dpadam.data`, with the other samplers.
 """
 
+import typing
+
 import numpy as np
 import tensorflow as tf
 
@@ -35,10 +37,12 @@ def uniform_subset(population, size, rng):
     m-subset of {0, ..., j - 1}, each with probability 1 / C(j, m) (at the
     start, j = N - n and S is the empty 0-subset). After it, an
     (m + 1)-subset s of {0, ..., j}
+
       * containing j comes from S = s - {j}, when t is in S or t = j (m + 1
         of the j + 1 values);
       * not containing j comes from S = s - {i} and t = i, for each of the
         m + 1 elements i of s;
+
     either way with probability (m + 1) / ((j + 1) C(j, m)) = 1 / C(j + 1,
     m + 1): S is then a uniform (m + 1)-subset of {0, ..., j}.
 
@@ -65,7 +69,7 @@ def poisson_subset(num_examples, sampling_rate, rng):
 
     Draws the batch size n ~ Binomial(N, q), then a uniformly random n-subset
     of range(N) (`uniform_subset`). This is exactly independent Bernoulli(q)
-    inclusion of each of the N examples: for any subset s of range(N),
+    inclusion of each of the N examples: for any subset s of range(N)::
 
         P(S = s) = P(n = |s|) P(S = s | n = |s|)
                  = C(N, |s|) q^|s| (1 - q)^(N - |s|) * 1 / C(N, |s|)
@@ -142,10 +146,18 @@ def _decode_batch(decode, records, count):
 
 
 def poisson_batches_from_source(
-        source, *, expected_batch_size, decode=None, physical_batch_size=None,
-        steps_per_epoch=None, seed=None, max_overflow_probability=1e-10,
-        pad_to_multiple_of=None, num_parallel_reads=tf.data.AUTOTUNE,
-        first_step=0):
+    source: typing.Any,
+    *,
+    expected_batch_size: int,
+    decode: typing.Callable[[typing.Any], tuple] | None = None,
+    physical_batch_size: int | None = None,
+    steps_per_epoch: int | None = None,
+    seed: int | None = None,
+    max_overflow_probability: float = 1e-10,
+    pad_to_multiple_of: int | None = None,
+    num_parallel_reads: int = tf.data.AUTOTUNE,
+    first_step: int = 0,
+) -> sampling.PoissonBatches:
     """Poisson-sampled batches read by random access, for data on disk.
 
     The pipeline of `poisson_batches`, same batches in law, same padding,
@@ -194,8 +206,9 @@ def poisson_batches_from_source(
             `stack_records` (records that are `(x, y)` tuples). Called once
             on record 0 when the pipeline is built, to learn the dtypes and
             shapes, which every step must then repeat.
-        physical_batch_size, steps_per_epoch, seed, max_overflow_probability,
-        pad_to_multiple_of, first_step: as for `poisson_batches`.
+        physical_batch_size, steps_per_epoch, seed: as for `poisson_batches`.
+        max_overflow_probability, pad_to_multiple_of, first_step: as for
+            `poisson_batches`.
         num_parallel_reads: steps read concurrently (`tf.data.AUTOTUNE` by
             default); 1 for a source that is not safe to read from several
             threads.

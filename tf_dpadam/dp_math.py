@@ -68,7 +68,7 @@ class DPConfig:
                            float(self.noise_multiplier))
 
     @property
-    def noise_stddev(self):
+    def noise_stddev(self) -> float:
         """sigma * C, the std of the noise added once to the clipped sum."""
         return noise_stddev(self.l2_norm_clip, self.noise_multiplier)
 
@@ -135,7 +135,7 @@ def clip_factors(norms, l2_norm_clip, finite=None):
     False, gets the factor 0, computed without NaN arithmetic: its gradient
     then contributes nothing to the clipped sum, so the sum's sensitivity
     stays C whatever the data. (The sum must not multiply 0 by its
-    non-finite gradient: see `privatizer.clip_and_sum`.) The factors are
+    non-finite gradient: see `step.clipping.clip_and_sum`.) The factors are
     float32 whatever the dtype of `norms`.
     """
     norms = ops.cast(norms, "float32")

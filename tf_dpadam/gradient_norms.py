@@ -2,8 +2,8 @@
 
 Clipping to C only works well relative to the norms of the examples'
 gradients: far below all of them, every example adds a vector of length C
-whatever its loss and the update becomes a vote (see the README, "C relative
-to the per-example gradient norms"); far above them, the noise sigma * C
+whatever its loss and the update becomes a vote (see "Choosing C" in
+docs/guides/layers_and_clipping.md); far above them, the noise sigma * C
 swamps the signal. `per_example_gradient_norms` gives the norms the private
 train step would clip, by the same computation (ghost or vectorized, with the
 model's augmentation multiplicity), without updating the weights:
@@ -20,6 +20,9 @@ like the private data (or accept that a pilot on the private data is not
 private).
 """
 
+import typing
+
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -29,8 +32,13 @@ from tf_dpadam import private_model as private_model_lib
 from tf_dpadam import validation
 
 
-def per_example_gradient_norms(model, x, y=None, sample_weight=None,
-                               batch_size=None):
+def per_example_gradient_norms(
+    model: keras.Model,
+    x: typing.Any,
+    y: typing.Any = None,
+    sample_weight: typing.Any = None,
+    batch_size: int | None = None,
+) -> np.ndarray:
     """Every example's gradient norm before clipping (NOT private).
 
     Args:

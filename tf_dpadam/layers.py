@@ -8,10 +8,12 @@ so an example's gradient depends on that example alone; ghost clipping has
 an exact rule for it (`ghost_clipping/standardized.py`).
 """
 
+import typing
+
 import keras
 
 
-def standardize_kernel(kernel, epsilon):
+def standardize_kernel(kernel: typing.Any, epsilon: float) -> typing.Any:
     """Each output channel's weights (the last axis) minus their mean,
     divided by sqrt(their variance + epsilon) (the variance over the
     channel's n weights, divided by n)."""
@@ -30,7 +32,12 @@ class WSConv2D(keras.layers.Conv2D):
     the convolution as usual.
     """
 
-    def __init__(self, *args, standardization_epsilon=1e-5, **kwargs):
+    def __init__(
+        self,
+        *args: typing.Any,
+        standardization_epsilon: float = 1e-5,
+        **kwargs: typing.Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if not standardization_epsilon > 0:
             raise ValueError(

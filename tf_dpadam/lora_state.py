@@ -17,8 +17,6 @@ variables unmerged (the frozen kernel, the bias, A and B) and restores them
 after Keras has loaded the layers (Keras visits private attributes last).
 """
 
-from keras.src.saving.keras_saveable import KerasSaveable
-
 from tf_dpadam import compat
 
 
@@ -76,7 +74,7 @@ def restore_lora(model, config):
         variable.trainable = i in trainable
 
 
-class LoraFactors(KerasSaveable):
+class LoraFactors(compat.KerasSaveable):
     """Saves and restores the unmerged variables of `model`'s LoRA layers.
 
     Held by a private model under a private attribute name, so that Keras

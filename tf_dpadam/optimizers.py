@@ -14,17 +14,22 @@ TF-Privacy's `DPKerasAdamOptimizer`), and `DPAdamCorrected` is Adam with the
 bias-corrected denominator of Tang & Lecuyer.
 """
 
+from typing import Optional, Union
+
 import keras
-import tensorflow as tf
 from keras import ops
 
-from tf_dpadam import accumulation
 from tf_dpadam import dp_math
 from tf_dpadam import validation
+from tf_dpadam.optimizer_base import constructor_arguments
+from tf_dpadam.optimizer_base import DPOptimizerMixin
+from tf_dpadam.optimizer_base import is_dp_optimizer
 
-_UNSUPPORTED_KWARGS = {
-    "loss_scale_factor": "loss scaling is not supported by the DP train step",
-}
+__all__ = ["DPAdam", "DPAdamCorrected", "DPOptimizerMixin", "DPSGD",
+           "is_dp_optimizer"]
+
+# A learning rate: a number or a `keras.optimizers.schedules` schedule.
+LearningRate = Union[float, keras.optimizers.schedules.LearningRateSchedule]
 
 # Keras' gradient clipping runs on the averaged, already noised gradient. For
 # DPSGD and DPAdam that is post-processing of a private gradient (allowed);
@@ -43,170 +48,6 @@ _PHI_CHANGING_KWARGS = {
     name: _PHI_CHANGING_WHY
     for name in ("clipnorm", "global_clipnorm", "clipvalue")
 }
-
-
-class DPOptimizerMixin:
-    """The DP part of every tf_dpadam optimizer (composed with a Keras one).
-
-    Attributes:
-        dp_config: the `dp_math.DPConfig` (C, sigma, B) that the private train
-            step uses for this optimizer.
-    """
-
-    # Keras optimizer arguments that this class refuses on top of
-    # `_UNSUPPORTED_KWARGS` (name -> why).
-    _refused_kwargs = {}
-
-    def _check_dp_args(self, l2_norm_clip, noise_multiplier, batch_size,
-                       kwargs):
-        """Validates before Keras' constructor runs; returns the DPConfig.
-
-        Takes `gradient_accumulation_steps` out of `kwargs`: the private train
-        step accumulates clipped gradients itself (Keras' own accumulation
-        would add noise to every micro-batch). `from_config` goes through the
-        constructor, so a saved config is checked the same way.
-        """
-        refused = {**_UNSUPPORTED_KWARGS, **self._refused_kwargs}
-        for name, why in refused.items():
-            if kwargs.get(name) is not None:
-                raise ValueError(
-                    f"Expected {name}=None for {type(self).__name__}: {why}."
-                )
-        steps = kwargs.pop("gradient_accumulation_steps", None)
-        return dp_math.DPConfig(
-            l2_norm_clip=l2_norm_clip,
-            noise_multiplier=noise_multiplier,
-            batch_size=batch_size,
-            accumulation_steps=1 if steps is None else steps,
-        )
-
-    def _init_dp(self, dp_config):
-        """Sets the DP state; after Keras' constructor."""
-        self.dp_config = dp_config
-        self._private_apply_depth = 0
-
-    @property
-    def l2_norm_clip(self):
-        return self.dp_config.l2_norm_clip
-
-    @property
-    def noise_multiplier(self):
-        return self.dp_config.noise_multiplier
-
-    @property
-    def batch_size(self):
-        return self.dp_config.batch_size
-
-    @property
-    def dp_accumulation_steps(self):
-        """k: physical batches per logical step (1 without accumulation)."""
-        return self.dp_config.accumulation_steps
-
-    def build(self, var_list):
-        if self.built:
-            return
-        super().build(var_list)
-        # B of the current step, written by the private train step before it
-        # applies the gradient, so that Phi is computed from the very
-        # denominator the privatizer divided by.
-        self._step_denominator = self.add_variable(
-            shape=(),
-            initializer="ones",
-            dtype="float32",
-            aggregation="only_first_replica",
-            name="dp_step_denominator",
-        )
-        # The accumulators of a logical step of k > 1 physical batches.
-        self.dp_accumulator = None
-        if self.dp_accumulation_steps > 1:
-            self.dp_accumulator = accumulation.GradientAccumulator(
-                self, var_list, self.dp_accumulation_steps
-            )
-
-    def apply_private(self, grads, trainable_variables, denominator):
-        """Applies privatized gradients; called by the private train step only.
-
-        Args:
-            grads: the privatized gradients (noised sum divided by B), in
-                float32 whatever the variables' dtype; each is cast to its
-                variable's dtype here, after the noise (post-processing).
-            trainable_variables: the variables they belong to.
-            denominator: the B that the gradients were divided by.
-        """
-        if not self.built:
-            self.build(trainable_variables)
-        grads = [ops.cast(g, v.dtype)
-                 for g, v in zip(grads, trainable_variables)]
-        self._step_denominator.assign(ops.cast(denominator, "float32"))
-        self._private_apply_depth += 1
-        try:
-            return self.apply(grads, trainable_variables)
-        finally:
-            self._private_apply_depth -= 1
-
-    def apply(self, grads, trainable_variables=None):
-        if not self._private_apply_depth:
-            raise ValueError(
-                f"{type(self).__name__} was asked to apply gradients that were"
-                " not privatized. Wrap the model with"
-                " `tf_dpadam.make_private(model)` before `compile`, so that"
-                " each example's gradient is clipped and noise is added;"
-                " otherwise training would not be differentially private."
-            )
-        return super().apply(grads, trainable_variables)
-
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if not _in_cross_replica_context():
-            return super()._backend_update_step(
-                grads, trainable_variables, learning_rate
-            )
-        # The logical step of accumulation under tf.distribute
-        # (accumulation.py) applies in cross-replica context, where Keras'
-        # TensorFlow optimizer would ask for a merge_call: the gradients are
-        # already summed over the replicas, update every copy with them.
-        self._distributed_tf_update_step(
-            tf.distribute.get_strategy(),
-            [(g, v.value) for g, v in zip(grads, trainable_variables)],
-            learning_rate,
-        )
-
-    def _apply_weight_decay(self, variables):
-        if self.weight_decay is None or not _in_cross_replica_context():
-            return super()._apply_weight_decay(variables)
-        strategy = tf.distribute.get_strategy()
-
-        def decay(variable):
-            lr = tf.cast(self.learning_rate, variable.dtype)
-            wd = tf.cast(self.weight_decay, variable.dtype)
-            variable.assign_sub(variable * wd * lr)
-
-        for variable in variables:
-            if self._use_weight_decay(variable):
-                strategy.extended.update(variable.value, decay, group=False)
-
-    def noise_phi(self):
-        """Phi = (sigma C / B)^2 for the current step's B (a tensor)."""
-        return dp_math.noise_variance_phi(
-            self.l2_norm_clip, self.noise_multiplier, self._step_denominator
-        )
-
-    def _dp_config_dict(self):
-        k = self.dp_accumulation_steps
-        return {
-            "l2_norm_clip": self.l2_norm_clip,
-            "noise_multiplier": self.noise_multiplier,
-            "batch_size": self.batch_size,
-            "gradient_accumulation_steps": None if k == 1 else k,
-        }
-
-
-def _in_cross_replica_context():
-    return (tf.distribute.has_strategy()
-            and tf.distribute.in_cross_replica_context())
-
-
-def is_dp_optimizer(optimizer):
-    return isinstance(optimizer, DPOptimizerMixin)
 
 
 _DP_ARGS_DOC = """
@@ -247,33 +88,21 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
     def __init__(
         self,
         *,
-        l2_norm_clip,
-        noise_multiplier,
-        batch_size=None,
-        learning_rate=0.01,
-        momentum=0.0,
-        nesterov=False,
-        name="DPSGD",
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        batch_size: Optional[int] = None,
+        learning_rate: LearningRate = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        name: str = "DPSGD",
         **kwargs,
     ):
-        dp_config = self._check_dp_args(
-            l2_norm_clip, noise_multiplier, batch_size, kwargs
-        )
+        super().__init__(**constructor_arguments(locals()))
+
+    def keras_arguments(self, *, learning_rate, momentum, **kwargs):
         validation.check_non_negative("momentum", momentum)
         validation.check_learning_rate(learning_rate)
-        super().__init__(
-            learning_rate=learning_rate,
-            momentum=momentum,
-            nesterov=nesterov,
-            name=name,
-            **kwargs,
-        )
-        self._init_dp(dp_config)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(self._dp_config_dict())
-        return config
+        return dict(learning_rate=learning_rate, momentum=momentum, **kwargs)
 
 
 class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
@@ -284,7 +113,8 @@ class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
         index = self._get_variable_index(variable)
         return self._momentums[index], self._velocities[index]
 
-    def _init_adam(self, beta_1, beta_2, epsilon, learning_rate):
+    @staticmethod
+    def check_adam_arguments(learning_rate, beta_1, beta_2, epsilon):
         validation.check_learning_rate(learning_rate)
         validation.check_beta("beta_1", beta_1)
         validation.check_beta("beta_2", beta_2)
@@ -307,43 +137,31 @@ class DPAdam(_DPAdamBase):
     def __init__(
         self,
         *,
-        l2_norm_clip,
-        noise_multiplier,
-        batch_size=None,
-        learning_rate=0.001,
-        beta_1=0.9,
-        beta_2=0.999,
-        epsilon=1e-7,
-        amsgrad=False,
-        name="DPAdam",
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        batch_size: Optional[int] = None,
+        learning_rate: LearningRate = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        amsgrad: bool = False,
+        name: str = "DPAdam",
         **kwargs,
     ):
-        dp_config = self._check_dp_args(
-            l2_norm_clip, noise_multiplier, batch_size, kwargs
-        )
-        self._init_adam(beta_1, beta_2, epsilon, learning_rate)
+        super().__init__(**constructor_arguments(locals()))
+
+    def keras_arguments(self, *, learning_rate, beta_1, beta_2, epsilon,
+                        **kwargs):
+        self.check_adam_arguments(learning_rate, beta_1, beta_2, epsilon)
         if epsilon is None:
             raise ValueError("Expected epsilon=None to be a finite number > 0.")
-        super().__init__(
-            learning_rate=learning_rate,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=epsilon,
-            amsgrad=amsgrad,
-            name=name,
-            **kwargs,
-        )
-        self._init_dp(dp_config)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(self._dp_config_dict())
-        return config
+        return dict(learning_rate=learning_rate, beta_1=beta_1,
+                    beta_2=beta_2, epsilon=epsilon, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
 class DPAdamCorrected(_DPAdamBase):
-    r"""DP-AdamBC: Adam with the DP bias removed from the second moment.
+    __doc__ = r"""DP-AdamBC: Adam with the DP bias removed from the second moment.
 
     Tang & Lecuyer, "DP-Adam: Correcting DP Bias in Adam's Second Moment
     Estimation" (Algorithm 1). On the privatized gradient g_tilde:
@@ -377,45 +195,40 @@ class DPAdamCorrected(_DPAdamBase):
             raise a `ValueError`: Keras applies them after the noise, which
             changes the noise's variance, so Phi would be wrong (they are
             allowed on DPSGD and DPAdam, where they are post-processing).
-    """
+    """  # A docstring built from parts: `__doc__`, or Python drops it.
 
     _refused_kwargs = _PHI_CHANGING_KWARGS
 
     def __init__(
         self,
         *,
-        l2_norm_clip,
-        noise_multiplier,
-        batch_size=None,
-        learning_rate=0.001,
-        beta_1=0.9,
-        beta_2=0.999,
-        epsilon=None,
-        phi=None,
-        name="DPAdamCorrected",
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        batch_size: Optional[int] = None,
+        learning_rate: LearningRate = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: Optional[float] = None,
+        phi: Optional[float] = None,
+        name: str = "DPAdamCorrected",
         **kwargs,
     ):
-        dp_config = self._check_dp_args(
-            l2_norm_clip, noise_multiplier, batch_size, kwargs
-        )
-        self._init_adam(beta_1, beta_2, epsilon, learning_rate)
+        super().__init__(**constructor_arguments(locals()))
+        self.epsilon = None if epsilon is None else float(epsilon)
+        self.phi = None if phi is None else float(phi)
+
+    def keras_arguments(self, *, learning_rate, beta_1, beta_2, epsilon, phi,
+                        **kwargs):
+        self.check_adam_arguments(learning_rate, beta_1, beta_2, epsilon)
         if phi is not None:
             validation.check_non_negative("phi", phi)
         if kwargs.pop("amsgrad", False):
             raise ValueError("Expected amsgrad=False for DPAdamCorrected.")
-        super().__init__(
-            learning_rate=learning_rate,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=1.0,  # Placeholder; gamma' is set below.
-            name=name,
-            **kwargs,
-        )
-        self._init_dp(dp_config)
-        self.epsilon = None if epsilon is None else float(epsilon)
-        self.phi = None if phi is None else float(phi)
+        # epsilon=1.0 is a placeholder; gamma' is set after Keras' __init__.
+        return dict(learning_rate=learning_rate, beta_1=beta_1,
+                    beta_2=beta_2, epsilon=1.0, **kwargs)
 
-    def _clip_gradients(self, grads):
+    def check_gradient_clipping(self):
         # Also refuses clipping switched on after construction.
         for name in _PHI_CHANGING_KWARGS:
             if getattr(self, name, None) is not None:
@@ -423,7 +236,6 @@ class DPAdamCorrected(_DPAdamBase):
                     f"Expected {name}=None for {type(self).__name__}:"
                     f" {_PHI_CHANGING_WHY}."
                 )
-        return super()._clip_gradients(grads)
 
     def step_phi(self):
         """The Phi subtracted this step: `phi` if given, else (sigma C / B)^2."""
@@ -457,7 +269,6 @@ class DPAdamCorrected(_DPAdamBase):
     def get_config(self):
         config = super().get_config()
         config.pop("amsgrad", None)
-        config.update(self._dp_config_dict())
         config["epsilon"] = self.epsilon
         config["phi"] = self.phi
         return config

@@ -58,21 +58,47 @@ def map_preprocessing(dataset, preprocess):
     ).prefetch(tf.data.AUTOTUNE)
 
 
-def _rows(x):
-    """`x` as something `tf.data.Dataset.from_tensor_slices` slices by row:
-    a list of strings becomes one string tensor, not one leaf per string."""
-    if isinstance(x, list):
-        return np.asarray(x)
-    if isinstance(x, dict):
-        return {key: _rows(value) for key, value in x.items()}
-    if isinstance(x, tuple):
-        return tuple(_rows(value) for value in x)
-    return x
+def as_rows(value, *, numpy_leaves=False):
+    """`value` as rows that `tf.data` or NumPy slicing splits by example.
+
+    A list of rows (numbers, strings, nested lists) becomes one array, not
+    one leaf per row; dicts and tuples are converted value by value; None
+    stays None.
+
+    Args:
+        value: arrays, tensors or lists, or dicts / tuples of them, or None.
+        numpy_leaves: False (the preprocessing of a keras-hub task): tensors
+            stay tensors and every list becomes one array. True (`fit`'s
+            Poisson sampling, which gathers rows in NumPy): every leaf
+            becomes a NumPy array, and a list of arrays or tensors (the
+            inputs of a multi-input model) stays a list of them.
+    """
+    if value is None:
+        return None
+    if numpy_leaves:
+        if isinstance(value, list) and not any(
+                isinstance(v, (np.ndarray, tf.Tensor, list, dict))
+                for v in value):
+            return np.asarray(value)  # a list of rows (numbers, strings)
+        return keras.tree.map_structure(np.asarray, value)
+    if isinstance(value, list):
+        return np.asarray(value)
+    if isinstance(value, dict):
+        return {key: as_rows(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(as_rows(item) for item in value)
+    return value
 
 
-def _split(values, start, end):
+def num_rows(rows):
+    """The number of examples of `rows` (the length of its first leaf)."""
+    return len(tf.nest.flatten(rows)[0])
+
+
+def split_rows(rows, start, end):
+    """Rows `start:end` of every leaf of `rows` (None stays None)."""
     return tf.nest.map_structure(
-        lambda v: None if v is None else v[start:end], values)
+        lambda v: None if v is None else v[start:end], rows)
 
 
 def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
@@ -106,7 +132,7 @@ def batched(x, y=None, sample_weight=None, batch_size=None, shuffle=False,
             f" {type(x).__name__}.{hint}"
         )
     data = keras.utils.pack_x_y_sample_weight(
-        _rows(x), _rows(y), _rows(sample_weight))
+        as_rows(x), as_rows(y), as_rows(sample_weight))
     dataset = tf.data.Dataset.from_tensor_slices(data)
     if shuffle:
         dataset = dataset.shuffle(int(dataset.cardinality()),
@@ -147,11 +173,11 @@ class PreprocessingMixin:
                     f" got validation_split={validation_split!r} with"
                     f" {given}."
                 )
-            rows = len(tf.nest.flatten(_rows(x))[0])
+            data = (as_rows(x), as_rows(y), as_rows(sample_weight))
+            rows = num_rows(data[0])
             cut = int(rows * (1.0 - validation_split))
-            data = (_rows(x), _rows(y), _rows(sample_weight))
-            validation_data = _split(data, cut, rows)
-            x, y, sample_weight = _split(data, 0, cut)
+            validation_data = split_rows(data, cut, rows)
+            x, y, sample_weight = split_rows(data, 0, cut)
         train = map_preprocessing(
             self._batched(x, y, sample_weight, batch_size, shuffle=shuffle),
             preprocess)
@@ -194,7 +220,7 @@ class PreprocessingMixin:
         if preprocess is None:
             return x, y, sample_weight
         return keras.utils.unpack_x_y_sample_weight(
-            preprocess(_rows(x), _rows(y), _rows(sample_weight)))
+            preprocess(as_rows(x), as_rows(y), as_rows(sample_weight)))
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         x, y, sample_weight = self._preprocessed_batch(x, y, sample_weight)

@@ -34,13 +34,12 @@ one Gaussian mechanism per example):
 This module does not import TensorFlow.
 
 A bad value or combination ends with one line on stderr that names the flag,
-and exit code 2 (`run`, which the example binaries use too).
+and exit code 2 (`tf_dpadam.command_line.run`, which the example binaries
+use too).
 """
 
 import functools
 import math
-import os
-import sys
 import warnings
 
 from absl import app
@@ -48,67 +47,18 @@ from absl import flags
 
 from tf_dpadam import accounting
 from tf_dpadam import validation
+# The command-line plumbing, also used by the example binaries through
+# this module (`privacy_cli.run`, `privacy_cli.register_check`).
+from tf_dpadam.command_line import USAGE_ERROR_EXIT_CODE
+from tf_dpadam.command_line import register_check
+from tf_dpadam.command_line import run
+from tf_dpadam.command_line import usage_error_line
 
-# The exit code of a usage error (a bad flag value or combination), as
-# argparse's.
-USAGE_ERROR_EXIT_CODE = 2
-
-
-def usage_error_line(message):
-    """`<program>: error: <message>` on one line (the message's newlines
-    become spaces)."""
-    program = os.path.basename(sys.argv[0]) if sys.argv else "python"
-    return f"{program}: error: {' '.join(str(message).split())}"
-
-
-def _exit_with_usage_error(message):
-    sys.stderr.write(usage_error_line(message) + "\n")
-    sys.stderr.flush()
-    sys.exit(USAGE_ERROR_EXIT_CODE)
-
-
-def _parse_flags(argv):
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        _exit_with_usage_error(error)
-
-
-def run(main, argv=None):
-    """`absl.app.run(main)` whose usage errors take one line.
-
-    A flag that does not parse or fails its validator (`register_check`), and
-    an `app.UsageError` raised by `main`, print `<program>: error: <reason>`
-    on stderr and exit with code 2: no help text, no traceback. Other
-    exceptions keep their traceback (they are bugs, not usage errors).
-    """
-
-    def main_with_usage_errors(args):
-        try:
-            return main(args)
-        except app.UsageError as error:
-            _exit_with_usage_error(error)
-
-    app.run(main_with_usage_errors, argv=argv, flags_parser=_parse_flags)
-
-
-def register_check(name, check, flag_values=flags.FLAGS):
-    """Validates flag `name` at parsing with `check(value)`, a function that
-    raises `ValueError` (e.g. of `tf_dpadam.validation`); None passes.
-
-    The error reads `flag --delta=2.0: Expected delta=2.0 in (0, 1).`
-    """
-
-    def checker(value):
-        if value is not None:
-            try:
-                check(value)
-            except ValueError as error:
-                raise flags.ValidationError(str(error)) from None
-        return True
-
-    flags.register_validator(name, checker, flag_values=flag_values)
-
+__all__ = [
+    "USAGE_ERROR_EXIT_CODE", "define_flags", "main",
+    "noise_multiplier_report", "register_check", "report", "run",
+    "sampling_report", "steps_report", "usage_error_line",
+]
 
 def define_flags():
     """Defines the command line's flags on absl's global FLAGS.

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import data as dp_data
+from tf_dpadam import pipeline
 from tf_dpadam import sampling as sampling_lib
 from tf_dpadam import sharding
 from tf_dpadam.accounting import plans
@@ -57,26 +58,6 @@ def is_in_memory(x):
     return bool(leaves) and all(
         isinstance(v, (np.ndarray, tf.Tensor, list, np.generic))
         or hasattr(v, "__array__") for v in leaves)
-
-
-def _as_arrays(value):
-    if value is None:
-        return None
-    if isinstance(value, list) and not any(
-            isinstance(v, (np.ndarray, tf.Tensor, list, dict))
-            for v in value):
-        return np.asarray(value)  # a list of rows (numbers, strings)
-    return keras.tree.map_structure(np.asarray, value)
-
-
-def _num_rows(arrays):
-    return len(keras.tree.flatten(arrays)[0])
-
-
-def _split(structure, start, end):
-    if structure is None:
-        return None
-    return keras.tree.map_structure(lambda v: v[start:end], structure)
 
 
 def expected_batch_size(optimizer, batch_size, where="fit"):
@@ -215,16 +196,18 @@ class SamplingFitMixin:
                 validation_data=validation_data, shuffle=shuffle,
                 steps_per_epoch=steps_per_epoch, **kwargs)
 
-        x, y, sample_weight = (_as_arrays(v) for v in (x, y, sample_weight))
-        rows = _num_rows(x)
+        x, y, sample_weight = (pipeline.as_rows(v, numpy_leaves=True)
+                               for v in (x, y, sample_weight))
+        rows = pipeline.num_rows(x)
         if validation_split and validation_data is None:
             # As Keras: the last fraction of the rows, before any sampling.
             cut = int(math.floor(rows * (1.0 - validation_split)))
             validation_data = tuple(
-                v for v in (_split(x, cut, rows), _split(y, cut, rows),
-                            _split(sample_weight, cut, rows))
+                v for v in (pipeline.split_rows(x, cut, rows),
+                            pipeline.split_rows(y, cut, rows),
+                            pipeline.split_rows(sample_weight, cut, rows))
                 if v is not None)
-            x, y, sample_weight = (_split(v, 0, cut)
+            x, y, sample_weight = (pipeline.split_rows(v, 0, cut)
                                    for v in (x, y, sample_weight))
             rows = cut
         if sampling == "shuffled":

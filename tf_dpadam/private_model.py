@@ -2,30 +2,29 @@
 
 The returned model wraps the user's model (same layers, same weight objects)
 and replaces only `train_step`: per-example gradients, clipping to C, one
-Gaussian noise draw of std sigma * C, division by B, then the optimizer. C,
-sigma and B come from the compiled tf_dpadam optimizer. Evaluation,
-prediction, metrics, callbacks and saving are Keras' own.
+Gaussian noise draw of std sigma * C, division by B, then the optimizer
+(`tf_dpadam.step.train_step`, which reads top to bottom). C, sigma and B
+come from the compiled tf_dpadam optimizer. Evaluation, prediction, metrics,
+callbacks and saving are Keras' own. Audits and diagnostics take part in
+the step through `StepHooks` (`PrivateModel.add_step_hooks`).
 """
 
 import warnings
+from typing import Callable, Optional
 
 import keras
-import tensorflow as tf
-from keras import ops
 
 from tf_dpadam import augmentation
 from tf_dpadam import clean_gradients as clean_gradients_lib
-from tf_dpadam import ghost_clipping
-from tf_dpadam import independence
 from tf_dpadam import compat
+from tf_dpadam import independence
 from tf_dpadam import lora_state
-from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam import pipeline
 from tf_dpadam import private_fit
-from tf_dpadam import privatizer
-from tf_dpadam import train_step_checks
-from tf_dpadam import vectorized_clipping
 from tf_dpadam.ghost_clipping import registry
+from tf_dpadam.step import hooks as hooks_lib
+from tf_dpadam.step import seeds
+from tf_dpadam.step import train_step as train_step_lib
 
 # How the clipped sum of per-example gradients is computed (`make_private`'s
 # `clipping`): "ghost" from the batched forward and backward pass
@@ -46,70 +45,6 @@ DIAGNOSTICS_WARNING = (
 )
 
 
-def check_no_example_mixing(model):
-    """Raises if a trainable layer of `model` mixes examples in training.
-
-    The layers are `ghost_clipping.registry.EXAMPLE_MIXING_LAYERS`. A frozen
-    BatchNormalization (`trainable=False`) runs in inference mode in Keras 3
-    and is allowed.
-
-    Raises:
-        ValueError: naming the first offending layer.
-    """
-    for layer in compat.all_layers(model):
-        if registry.mixes_examples(layer):
-            raise ValueError(
-                f"Layer {layer.name!r} ({type(layer).__name__}) mixes the"
-                " examples of a batch in training, so per-example clipping"
-                " would not bound one example's influence and training would"
-                " not be differentially private. Replace it (for instance by"
-                " LayerNormalization or GroupNormalization) or freeze it"
-                " (`layer.trainable = False` runs it in inference mode)."
-            )
-
-
-def _present_examples(x, sample_weight):
-    """1.0 for each example of the batch, 0.0 for absent ones.
-
-    An example whose sample weight is 0 (e.g. the padding of
-    `tf_dpadam.data.poisson_batches`) is absent: it contributes nothing to
-    the gradient, not even the gradient of a regularization loss, and is not
-    counted in the denominator when `batch_size=None`.
-    """
-    num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
-    if sample_weight is None or tf.nest.is_nested(sample_weight):
-        return tf.ones((num_examples,), "float32")
-    weight = ops.reshape(sample_weight, (num_examples, -1))
-    return ops.cast(ops.any(ops.not_equal(weight, 0), axis=1), "float32")
-
-
-def _logs_for_keras_reduction(logs):
-    """The step's logs, as Keras can average them over several workers.
-
-    With several workers Keras' TensorFlow trainer averages each log with
-    `strategy.reduce("MEAN", value, axis=0)`, which fails on the scalars
-    that metrics are (Keras 3.15, tensorflow/tensorflow#72388). Shape [1]
-    reduces to the same scalar mean over the replicas.
-    """
-    strategy = tf.distribute.get_strategy()
-    try:
-        local = len(strategy.extended.worker_devices)
-    except RuntimeError:  # The default strategy.
-        return logs
-    if strategy.num_replicas_in_sync == local:  # One worker.
-        return logs
-    return tf.nest.map_structure(lambda v: ops.reshape(v, (1,)), logs)
-
-
-def _require_dp_optimizer(optimizer):
-    if not dp_optimizers.is_dp_optimizer(optimizer):
-        raise ValueError(
-            "A model made private needs a tf_dpadam optimizer (DPSGD, DPAdam"
-            " or DPAdamCorrected), which carries l2_norm_clip and"
-            f" noise_multiplier. Received optimizer={optimizer!r}."
-        )
-
-
 class _Untracked:
     """Holds a value out of sight of Keras' and TensorFlow's tracking.
 
@@ -123,13 +58,16 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
-class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
+class PrivateModel(compat.LocalBatchSymbolicBuild,
+                   private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
                    keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
 
-    def __init__(self, base_model, seed=None, clipping="auto",
-                 diagnostics=False, secure_mode=False, augment=None,
-                 augmult=1, *, check_independence=True, **kwargs):
+    def __init__(self, base_model: keras.Model, seed: Optional[int] = None,
+                 clipping: str = "auto", diagnostics: bool = False,
+                 secure_mode: bool = False, augment: Optional[Callable] = None,
+                 augmult: int = 1, *, check_independence: bool = True,
+                 **kwargs):
         super().__init__(**kwargs)
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
@@ -164,13 +102,13 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
             )
         if isinstance(base_model, PrivateModel):
             raise ValueError("Expected base_model not to be private already.")
-        check_no_example_mixing(base_model)
+        train_step_lib.check_no_example_mixing(base_model)
         registry.warn_data_adapted_layers(base_model, stacklevel=3)
         self.base_model = base_model
         # LoRA factors are saved unmerged and restored after the layers.
         self._lora_factors = lora_state.LoraFactors(base_model)
         # The noise key: secret unless `seed` is given (a warning says so).
-        key = privatizer.resolve_seed(
+        key = seeds.resolve_seed(
             seed, what="make_private", drawn="every noise vector",
             effect="the DP noise",
         )
@@ -182,17 +120,19 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         # that its state is saved with the model.
         self.augment = augment
         self.augmult = augmult
-        self._clean_gradients = _Untracked(clean_gradients_lib.CleanGradients())
+        self._clean_gradients = _Untracked(
+            clean_gradients_lib.CleanGradients())
         # The method the last traced train step used, and why ghost clipping
         # was not ("auto" only): set at trace time, for users and tests.
         self.clipping_used = None
         self.ghost_unsupported_reason = None
         # Out of sight of tracking: never in `weights`, a saved model or a
         # checkpoint; a loaded or resumed model draws a fresh key.
-        self._noise_seeds = _Untracked(privatizer.NoiseSeeds(key))
-        # Set only by `tf_dpadam.audit`: its gradient canaries and, for
-        # testing the auditor, deliberate breaks of the privatizer.
-        self._audit = _Untracked(None)
+        self._noise_seeds = _Untracked(seeds.NoiseSeeds(key))
+        # The `StepHooks` of the train step (`add_step_hooks`), untracked:
+        # the diagnostics' clean gradients, `tf_dpadam.audit`'s canaries.
+        self._step_hooks = _Untracked(
+            [self._clean_gradients.value] if diagnostics else [])
         # `independence.check` on the first training batch, once per
         # compiled loss (the last one that passed is kept here).
         self.check_independence = check_independence
@@ -203,9 +143,9 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
     def call(self, inputs, training=None):
         return self.base_model(inputs, training=training)
 
-    def compile(self, optimizer="rmsprop", *args, **kwargs):
+    def compile(self, optimizer="rmsprop", *args, **kwargs) -> None:
         optimizer = keras.optimizers.get(optimizer)
-        _require_dp_optimizer(optimizer)
+        train_step_lib.require_dp_optimizer(optimizer)
         super().compile(optimizer, *args, **kwargs)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # Keras wraps it under "mixed_float16"; the private step applies
@@ -218,8 +158,9 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
             # optimizer's variables there makes tf.function trace the step
             # twice (3-7 s each for the larger models of the tests).
             self.optimizer.build(self.trainable_variables)
-        if self.diagnostics and self.built:
-            self._clean_gradients.value.build(self.trainable_variables)
+        if self.built:
+            for hook in self.step_hooks:
+                hook.build(self.trainable_variables)
 
     def compile_from_config(self, config):
         # Keras skips models that override `compile`; ours only adds a check.
@@ -247,288 +188,42 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         if independence.check(self, data):
             self._independence_checked.value = compile_loss
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras' TensorFlow trainer takes the shapes of a distributed batch
-        # from one `strategy.reduce` of the whole (x, y) structure, which
-        # MultiWorkerMirroredStrategy refuses for a structure (Keras 3.15,
-        # TF 2.21). The first local replica's batch has the same shapes and
-        # needs no communication.
-        if iterator is not None and self._distribute_strategy is not None:
-            strategy = self._distribute_strategy
-            for _, _, batches in iterator:
-                data_batch = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0],
-                    next(batches),
-                )
-                break
-            iterator = None
-        return super()._maybe_symbolic_build(
-            iterator=iterator, data_batch=data_batch
+    def train_step(self, data) -> dict:
+        """One DP step (`tf_dpadam.step.train_step`)."""
+        return train_step_lib.train_step(
+            self, data, noise_seeds=self._noise_seeds.value,
+            hooks=self.step_hooks,
         )
 
-    def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        optimizer = self.optimizer
-        _require_dp_optimizer(optimizer)
-        check_no_example_mixing(self.base_model)
-        config = optimizer.dp_config
-        self._build_on_first_call(x)
-        variables = self.trainable_variables
-        if not variables:
-            warnings.warn("The model does not have any trainable weights.")
-            return train_step_checks.step_without_trainable_weights(
-                self, x, y, sample_weight)
-        # As Keras: no gradient for any weight is an error, not noise.
-        train_step_checks.check_gradient_path(self, x, y, sample_weight,
-                                              variables)
-        if not optimizer.built:
-            optimizer.build(variables)
-        if self.diagnostics:
-            self._clean_gradients.value.build(variables)
-        x, y, sample_weight, present = self._views(x, y, sample_weight)
-
-        # Phases 1 and 2: per-example gradients, clipped and summed (in
-        # float32; an example with a NaN or infinite gradient or loss
-        # contributes nothing, counted by the diagnostics only).
-        summed, norms, losses, y_pred = self._sum_of_clipped_gradients(
-            x, y, sample_weight, present, self._clip_norm(config)
-        )
-        if self.diagnostics:
-            self._clean_gradients.value.record_non_finite(
-                norms, losses, present
-            )
-        count = ops.sum(present)
-        accumulator = optimizer.dp_accumulator  # None unless k > 1
-
-        # Phases 3 to 5: noise, scale, update (once per logical step).
-        if accumulator is not None and tf.distribute.has_strategy():
-            # Each replica accumulates its own sums; the logical step
-            # all-reduces them once (accumulation.py).
-            accumulator.add_on_replicas(
-                summed, count,
-                lambda strategy, sums, count: self._logical_step_on_replicas(
-                    strategy, sums, count, variables
-                ),
-            )
-        else:
-            if privatizer.num_replicas() > 1:
-                summed, count = privatizer.sum_over_replicas((summed, count))
-
-            def noise_scale_apply(summed, count):
-                self._noise_scale_apply(summed, count, variables)
-
-            if accumulator is None:
-                noise_scale_apply(summed, count)
-            else:
-                accumulator.add(summed, count, noise_scale_apply)
-
-        compile_loss = compat.compile_loss(self)
-        if compile_loss is not None and compile_loss.metrics:
-            compile_loss(y, y_pred, sample_weight)
-        # A NaN or infinite example loss counts as 0 in the logged loss, so
-        # that the log does not show such an example.
-        losses = ops.where(ops.isfinite(losses), losses,
-                           ops.zeros_like(losses))
-        compat.loss_tracker(self).update_state(
-            ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
-            sample_weight=ops.sum(present),
-        )
-        compat.update_compile_metrics(
-            self, y, y_pred, sample_weight,
-            _present_examples(x, sample_weight) if sample_weight is not None
-            else None,
-        )
-        return _logs_for_keras_reduction(self.get_metrics_result())
-
-    def _build_on_first_call(self, x):
-        if not all(layer.built
-                   for layer in compat.all_layers(self.base_model)):
-            # A model without `keras.Input` builds on its first call: make
-            # that call here, on the first trace, so that its weights (and
-            # the optimizer's) exist before the step reads them.
-            self(x, training=False)
-
-    def _views(self, x, y, sample_weight):
-        """`(x, y, sample_weight, present)`: the rows the step clips.
-
-        `present` is per example (K views of an example are one example).
-        With `augment` or K > 1, the rows are the K views of each example,
-        in consecutive rows (made once, outside the per-example gradients);
-        y and the weights follow.
-        """
-        present = _present_examples(x, sample_weight)
-        if self.augment is not None or self.augmult > 1:
-            x = augmentation.views(self.augment, x, self.augmult)
-            y, sample_weight = augmentation.repeat_examples(
-                (y, sample_weight), self.augmult
-            )
-        return x, y, sample_weight, present
-
-    def per_example_norms_step(self, data):
+    def per_example_norms_step(self, data) -> tuple:
         """`(norms, present)` of one batch, without an update: every
         example's gradient norm before clipping, as the train step computes
         it (see `tf_dpadam.per_example_gradient_norms`; NOT private)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        self._build_on_first_call(x)
-        x, y, sample_weight, present = self._views(x, y, sample_weight)
-        # C does not change the norms. Under tf.function the clipped sum,
-        # pure and not an output, is pruned from the graph.
-        _, norms, _, _ = self._sum_of_clipped_gradients(
-            x, y, sample_weight, present, 1.0
-        )
-        return norms, present
+        return train_step_lib.per_example_norms(self, data)
 
-    def _sum_of_clipped_gradients(self, x, y, sample_weight, present,
-                                  l2_norm_clip):
-        """The sum of clipped per-example gradients (phases 1 and 2), in
-        float32, an example with a NaN or infinite gradient or loss adding
-        nothing.
+    @property
+    def step_hooks(self) -> tuple:
+        """The registered `tf_dpadam.step.hooks.StepHooks`, in order."""
+        return tuple(self._step_hooks.value)
 
-        Such an example gets the clip factor 0; should its 0 * inf make a
-        sum NaN anyway, the sums are computed again with it replaced by a
-        finite example marked absent (`privatizer.without_non_finite`; one
-        `tf.cond` for the step: only a batch holding such an example pays,
-        and nothing is held for it otherwise). Returns as
-        `_clipped_sum_by_mode`, the norms, losses and predictions being
-        those of the first computation.
+    def add_step_hooks(self, hooks: hooks_lib.StepHooks) -> None:
+        """Registers `hooks` with the train step (after the others).
+
+        The step calls it while tracing: the next `fit` traces a new step
+        (the traced one is forgotten). Hooks are not saved with the model.
+
+        Raises:
+            ValueError: if `hooks` is not a `StepHooks` or is registered.
         """
-        summed, norms, losses, y_pred = self._clipped_sum_by_mode(
-            x, y, sample_weight, present, l2_norm_clip)
-
-        def recompute():
-            (x2, y2, w2), present2 = privatizer.without_non_finite(
-                (x, y, sample_weight), present, norms, losses,
-                self.augmult)
-            return tf.cond(
-                tf.reduce_any(present2 > 0),
-                lambda: self._clipped_sum_by_mode(
-                    x2, y2, w2, present2, l2_norm_clip)[0],
-                lambda: [tf.zeros_like(s) for s in summed])
-
-        summed = tf.cond(privatizer.all_finite(summed), lambda: summed,
-                         recompute)
-        return summed, norms, losses, y_pred
-
-    def _clipped_sum_by_mode(self, x, y, sample_weight, present,
-                             l2_norm_clip):
-        """The sum of clipped per-example gradients, by the clipping mode.
-
-        Ghost clipping where the model allows it (decided while tracing),
-        else per-example gradients by a vectorized map. Both give the same
-        sum up to float rounding (tests/privacy_zoo_test.py).
-
-        With augmentation multiplicity K, `x`, `y` and `sample_weight` hold
-        the K views of each example in consecutive rows and `present` is per
-        example.
-
-        Returns:
-            `(summed, norms, losses, y_pred)`: one sum per trainable
-            variable, the per-example gradient norms before clipping, the
-            per-example losses and the predictions (one per row).
-        """
-        if self.clipping != "vectorized":
-            try:
-                summed, norms, losses, y_pred = (
-                    ghost_clipping.clipped_gradient_sum(
-                        self, ghost_clipping.compiled_loss_fn(self), x, y,
-                        sample_weight, l2_norm_clip, mask=present,
-                        group_size=self.augmult,
-                    )
-                )
-                self.clipping_used = "ghost"
-                return summed, norms, losses, y_pred
-            except ghost_clipping.GhostClippingUnsupportedError as error:
-                if self.clipping == "ghost":
-                    raise ValueError(
-                        "make_private(clipping='ghost'): " + str(error)
-                    ) from error
-                self.ghost_unsupported_reason = str(error)
-        summed, norms, losses, y_pred = (
-            vectorized_clipping.clipped_gradient_sum(
-                self, x, y, sample_weight, l2_norm_clip, mask=present,
-                group_size=self.augmult,
-            )
-        )
-        self.clipping_used = "vectorized"
-        return summed, norms, losses, y_pred
-
-    def _noise_scale_apply(self, summed, count, variables):
-        """Noise once, divide by B, apply.
-
-        `summed` is the clipped sum over all examples of the (logical) step
-        and all replicas, the same on every replica; `count` their number.
-        """
-        optimizer = self.optimizer
-        config = optimizer.dp_config
-        audit = self._audit.value
-        if audit is not None:
-            # Gradient canaries: extra examples, clipped like the others.
-            summed, count = audit.add_canaries(
-                summed, count, variables, self._clip_norm(config),
-                optimizer.iterations,
-            )
-        denominator = config.denominator(count)
-        if self.diagnostics:
-            self._clean_gradients.value.record(summed, denominator)
-        noise_stddev = config.noise_stddev
-        if audit is not None:
-            noise_stddev = audit.noise_stddev(noise_stddev)
-        noised = privatizer.add_noise(
-            privatizer.replica_share(summed),
-            noise_stddev,
-            self._noise_seeds.value.next(optimizer.iterations),
-            share=privatizer.first_replica_share(),
-            secure_mode=self.secure_mode,
-        )
-        private_grads = privatizer.scale(noised, denominator)
-        if audit is not None:
-            audit.observe(private_grads, variables)
-        optimizer.apply_private(private_grads, variables, denominator)
-
-    def _logical_step_on_replicas(self, strategy, sums, count, variables):
-        """Noise once, all-reduce once, divide by B, apply (cross-replica).
-
-        The logical step of accumulation under `tf.distribute`: `sums` and
-        `count` are the accumulators, one copy per replica. The noise is
-        added to the copy of the replica with global id 0 before the one
-        all-reduce (`privatizer.sum_replica_copies`), so it is drawn once in
-        total and every worker applies the same gradient.
-        """
-        optimizer = self.optimizer
-        config = optimizer.dp_config
-        if self._audit.value is not None:
+        if not isinstance(hooks, hooks_lib.StepHooks):
             raise ValueError(
-                "tf_dpadam.audit supports one replica only; it is not"
-                " available with gradient accumulation under tf.distribute."
+                f"Expected hooks={hooks!r} to be a"
+                " tf_dpadam.step.hooks.StepHooks."
             )
-        seed = self._noise_seeds.value.next(optimizer.iterations)
-
-        def add_noise(values):
-            noised = privatizer.add_noise(
-                values[:-1], config.noise_stddev, seed,
-                secure_mode=self.secure_mode,
-            )
-            return noised + [values[-1]]
-
-        reduced = privatizer.sum_replica_copies(
-            strategy, list(sums) + [count], first_replica=add_noise
-        )
-        noised, total = reduced[:-1], reduced[-1]
-        denominator = config.denominator(total)
-        if self.diagnostics:
-            # The clean sum needs an all-reduce of its own (research only).
-            clean = privatizer.sum_replica_copies(strategy, list(sums))
-            self._clean_gradients.value.record(clean, denominator)
-        optimizer.apply_private(
-            privatizer.scale(noised, denominator), variables, denominator
-        )
-
-    def _clip_norm(self, config):
-        """C, unless a `tf_dpadam.audit` test deliberately breaks it."""
-        audit = self._audit.value
-        if audit is None:
-            return config.l2_norm_clip
-        return audit.clip_norm(config.l2_norm_clip)
+        if any(hook is hooks for hook in self._step_hooks.value):
+            raise ValueError(f"Expected hooks={hooks!r} not registered yet.")
+        self._step_hooks.value.append(hooks)
+        self.train_function = None
 
     @property
     def clean_gradients(self):
@@ -555,7 +250,7 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         """
         return self._clean_gradients.value.non_finite_count
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {
             "name": self.name,
             "trainable": self.trainable,
@@ -584,9 +279,11 @@ class PrivateModel(private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
         return cls(base_model, augment=augment, **config)
 
 
-def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
-                 secure_mode=False, augment=None, augmult=1,
-                 check_independence=True):
+def make_private(model: keras.Model, *, seed: Optional[int] = None,
+                 clipping: str = "auto", diagnostics: bool = False,
+                 secure_mode: bool = False,
+                 augment: Optional[Callable] = None, augmult: int = 1,
+                 check_independence: bool = True) -> PrivateModel:
     """Returns a model whose `fit` is differentially private.
 
     The result wraps `model` (the same layers and weight objects) and
@@ -627,10 +324,11 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
             but the clean gradients and all that is computed from them leak
             private information; a warning says so.
         secure_mode: False (default) or True: each noise value is the sum of
-            `privatizer.SECURE_MODE_DRAWS` normals (the same variance),
+            `step.noise.SECURE_MODE_DRAWS` normals (the same variance),
             against floating-point attacks on the Gaussian sampler (Holohan
             & Braghin 2021; as Opacus' `secure_mode`); needs `seed=None`.
-            See the README for what it does and does not protect against.
+            See docs/guides/threat_model.md for what it does and does not
+            protect against.
         augment: None (default) or a callable that augments a batch of
             inputs, in training only: a Keras layer or model (e.g.
             `keras.Sequential([keras.layers.RandomFlip("horizontal"),
@@ -646,7 +344,7 @@ def make_private(model, *, seed=None, clipping="auto", diagnostics=False,
             "Unlocking High-Accuracy Differentially Private Image
             Classification through Scale"). Each step makes the views
             `v_i1..v_iK = augment(x_i repeated K times)` once, and example
-            i's gradient is that of its mean loss over them, clipped ONCE:
+            i's gradient is that of its mean loss over them, clipped ONCE::
 
                 g_i = grad [(1/K) sum_k loss(v_ik, y_i)] + grad R,
                 update = (sum_i min(1, C / ||g_i||) g_i

@@ -18,7 +18,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_dpadam import privatizer
+from tf_dpadam import compat
+from tf_dpadam.step import seeds
 from tf_dpadam import validation
 from tf_dpadam.accounting import plans
 
@@ -188,7 +189,7 @@ def make_layout(num_examples, expected_batch_size, physical_batch_size,
 
 
 def resolve_key(seed, what):
-    return privatizer.resolve_seed(
+    return seeds.resolve_seed(
         seed, what=what, drawn="every batch",
         effect="the privacy amplification by subsampling that the accounting"
         " assumes",
@@ -326,9 +327,10 @@ def poisson_plan_of(data):
     pipeline; a `tf.distribute` dataset made by
     `strategy.distribute_datasets_from_function(batches.dataset_fn)` is
     known by its `dataset_fn`. (Reads tf.data's and tf.distribute's private
-    `_inputs()` and `_dataset_fn`; unknown datasets are simply not Poisson.)
+    `_inputs()` and `_dataset_fn` through `compat`; unknown datasets are
+    simply not Poisson.)
     """
-    dataset_fn = getattr(data, "_dataset_fn", None)
+    dataset_fn = compat.distributed_dataset_fn(data)
     if dataset_fn is not None:
         try:
             return _POISSON_PLANS.get(dataset_fn)
@@ -338,7 +340,7 @@ def poisson_plan_of(data):
         plan = _POISSON_PLANS.get(data)
         if plan is not None:
             return plan
-        inputs = data._inputs()  # pylint: disable=protected-access
+        inputs = compat.dataset_inputs(data)
         if type(data).__name__ not in _ROW_PRESERVING or len(inputs) != 1:
             return None
         data = inputs[0]

@@ -24,7 +24,7 @@ worker would keep every W-th physical batch of a sample over all N) and the
 steps would no longer be Poisson(q).
 
 The keys: with `seed=None` every worker process draws its own 63 secret
-bits (`privatizer.secret_seed`); with an explicit seed each worker's key is a
+bits (`step.seeds.secret_seed`); with an explicit seed each worker's key is a
 Philox hash of (seed, w), so the workers' masks are independent either way.
 """
 
@@ -77,7 +77,9 @@ class ShardedPoissonBatches(typing.NamedTuple):
     overflow_probability: float
 
 
-def workers_and_local_replicas(strategy):
+def workers_and_local_replicas(
+    strategy: tf.distribute.Strategy,
+) -> tuple[int, int]:
     """(W, L) of `strategy`: its workers (input pipelines), replicas of each.
 
     (1, 1) for the default strategy.
@@ -102,10 +104,18 @@ def worker_key(key, worker):
     )
 
 
-def sharded_poisson_batches(data, *, expected_batch_size, physical_batch_size,
-                            num_workers=1, replicas_per_worker=1,
-                            steps_per_epoch=None, seed=None,
-                            max_overflow_probability=1e-10, first_step=0):
+def sharded_poisson_batches(
+    data: tuple | list,
+    *,
+    expected_batch_size: int,
+    physical_batch_size: int,
+    num_workers: int = 1,
+    replicas_per_worker: int = 1,
+    steps_per_epoch: int | None = None,
+    seed: int | None = None,
+    max_overflow_probability: float = 1e-10,
+    first_step: int = 0,
+) -> ShardedPoissonBatches:
     """Poisson(q) batches over all N examples, each worker sampling its shard.
 
     Args:

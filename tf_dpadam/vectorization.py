@@ -38,12 +38,11 @@ import warnings
 
 import tensorflow as tf
 
-try:  # TensorFlow internals: the vectorizer's converter registry.
-    from tensorflow.python.ops.parallel_for import pfor as _pfor
-    _REGISTRY = _pfor._pfor_converter_registry
-    _wrap = _pfor.wrap
-except (ImportError, AttributeError):  # Checked: see `known_answer_problem`.
-    _pfor, _REGISTRY, _wrap = None, None, None
+from tf_dpadam import compat
+
+# TensorFlow internals: the vectorizer's converter registry (None if it
+# could not be imported; checked: see `known_answer_problem`).
+_REGISTRY, _wrap = compat.pfor_converter_registry()
 
 _LOCK = threading.RLock()
 # How many batch matmuls this module's converter has vectorized (the check

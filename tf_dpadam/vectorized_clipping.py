@@ -1,8 +1,8 @@
 """The vectorized path: every example's full gradient, then clip and sum.
 
 `tf.vectorized_map` of a one-example backward pass over the whole model
-(`privatizer.per_example_gradients`), then `privatizer.clip_and_sum`. Works
-for any model TensorFlow can vectorize; slower than ghost clipping for
+(`step.clipping.per_example_gradients`), then `step.clipping.clip_and_sum`.
+Works for any model TensorFlow can vectorize; slower than ghost clipping for
 convolutions (TensorFlow loops over the examples for the filter gradient).
 """
 
@@ -11,7 +11,8 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
-from tf_dpadam import privatizer
+from tf_dpadam.step import clipping
+from tf_dpadam.step import replicas
 from tf_dpadam.ghost_clipping import per_example_loss
 
 
@@ -31,8 +32,8 @@ def clipped_gradient_sum(model, x, y, sample_weight, l2_norm_clip,
         model, x, y, sample_weight, group_size=group_size
     )
     # An example with a NaN or infinite loss contributes nothing, as one
-    # with a non-finite gradient (`privatizer.clip_and_sum`).
-    summed, norms = privatizer.clip_and_sum(
+    # with a non-finite gradient (`step.clipping.clip_and_sum`).
+    summed, norms = clipping.clip_and_sum(
         grads, l2_norm_clip, mask=mask, finite=ops.isfinite(losses)
     )
     return summed, norms, losses, y_pred
@@ -69,7 +70,7 @@ def per_example_gradients(model, x, y, sample_weight, group_size=1):
             compat.compile_loss(model)):
         # Per-output loss metrics (multi-output models) are updated once on
         # the batch by the caller, not per example inside the map.
-        grads, losses, (y_pred, advances) = privatizer.per_example_gradients(
+        grads, losses, (y_pred, advances) = clipping.per_example_gradients(
             lambda *example: _example_loss(model, generators, group_size,
                                            *example),
             model.trainable_variables, (*examples, index),
@@ -133,7 +134,7 @@ def _forward_loss(model, x, y, sample_weight):
     loss = compat.compute_loss(model, x, y, y_pred, sample_weight)
     # Keras divides the loss by the number of tf.distribute replicas;
     # a per-example gradient must be the example's own, so undo it.
-    return loss * privatizer.num_replicas(), y_pred
+    return loss * replicas.num_replicas(), y_pred
 
 
 def _forward_group_loss(model, x, y, sample_weight):

@@ -49,6 +49,9 @@ keeps TF-Privacy's RDP numbers. Every public function that computes an
 epsilon with a known N warns once if delta >= 1 / N
 (`tf_dpadam.validation.LargeDeltaWarning`).
 
+The names of the choices: `ACCOUNTANTS` ("rdp", "pld") and `SAMPLINGS`
+("poisson", "shuffled"; `check_sampling` checks one).
+
 Nothing here prints or imports TensorFlow. The modules:
 
 * `epsilon`: the event, the orders and the epsilon of T steps
@@ -78,3 +81,23 @@ from tf_dpadam.accounting.statement import compute_dp_sgd_privacy_statement
 from tf_dpadam.accounting import passes
 from tf_dpadam.accounting import plans
 from tf_dpadam.accounting.passes import epsilon_without_amplification
+
+__all__ = [
+    "ACCOUNTANTS",
+    "PLD_VALUE_DISCRETIZATION_INTERVAL",
+    "RDP_ORDERS",
+    "SAMPLINGS",
+    "TF_PRIVACY_RDP_ORDERS",
+    "calibrate_noise_multiplier",
+    "calibrate_steps",
+    "check_sampling",
+    "compute_dp_sgd_privacy",
+    "compute_dp_sgd_privacy_statement",
+    "dp_sgd_event",
+    "epsilon_after_steps",
+    "epsilon_without_amplification",
+    "passes",
+    "plans",
+    "steps_for_epochs",
+    "training_steps",
+]

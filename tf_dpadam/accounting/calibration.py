@@ -23,14 +23,14 @@ _NOISE_MULTIPLIER_RTOL = 0.01
 
 def calibrate_steps(
     *,
-    target_epsilon,
-    num_examples,
-    batch_size,
-    noise_multiplier,
-    delta,
-    accountant="pld",
-    sampling="poisson",
-):
+    target_epsilon: float,
+    num_examples: int,
+    batch_size: int,
+    noise_multiplier: float,
+    delta: float,
+    accountant: str = "pld",
+    sampling: str = "poisson",
+) -> int:
     """The largest number of steps T whose epsilon stays within the target.
 
     `sampling="poisson"` (default) assumes Poisson sampling at
@@ -137,14 +137,14 @@ def steps_within(*, target_epsilon, num_examples, batch_size,
 
 def calibrate_noise_multiplier(
     *,
-    target_epsilon,
-    num_examples,
-    batch_size,
-    epochs=None,
-    steps=None,
-    delta,
-    accountant="pld",
-):
+    target_epsilon: float,
+    num_examples: int,
+    batch_size: int,
+    epochs: float | None = None,
+    steps: int | None = None,
+    delta: float,
+    accountant: str = "pld",
+) -> float:
     """The smallest noise multiplier (within 1%) that meets the target.
 
     With T = `steps`, or T = ceil(epochs * N / B), returns sigma with

@@ -43,7 +43,7 @@ ACCOUNTANTS = validation.ACCOUNTANTS
 _ADD_OR_REMOVE_ONE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
-def steps_for_epochs(epochs, num_examples, batch_size):
+def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
     """Returns the number of steps of `epochs` passes: ceil(epochs * N / B).
 
     This is TF-Privacy's convention. A product within 1e-9 (relative) of an
@@ -70,7 +70,13 @@ def steps_for_epochs(epochs, num_examples, batch_size):
     return int(math.ceil(exact))
 
 
-def training_steps(*, num_examples, batch_size, epochs=None, steps=None):
+def training_steps(
+    *,
+    num_examples: int,
+    batch_size: int,
+    epochs: float | None = None,
+    steps: int | None = None,
+) -> int:
     """T of a training given by exactly one of `epochs` and `steps`.
 
     Args:
@@ -100,7 +106,11 @@ def training_steps(*, num_examples, batch_size, epochs=None, steps=None):
     return steps
 
 
-def dp_sgd_event(sampling_probability, noise_multiplier, steps):
+def dp_sgd_event(
+    sampling_probability: float,
+    noise_multiplier: float,
+    steps: int,
+) -> dp_accounting.DpEvent:
     """Returns the dp-accounting event of T Poisson-sampled Gaussian steps.
 
     SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), T).
@@ -226,13 +236,21 @@ def epsilon_at_rate(q, sigma, steps, delta, accountant):
 SAMPLINGS = ("poisson", "shuffled")
 
 
-def check_sampling(sampling):
+def check_sampling(sampling: str) -> None:
+    """Raises `ValueError` unless `sampling` is one of `SAMPLINGS`."""
     validation.check(sampling in SAMPLINGS, "sampling", sampling,
                      f"to be one of {SAMPLINGS}")
 
 
-def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta, *,
-                           sampling="poisson"):
+def compute_dp_sgd_privacy(
+    n: int,
+    batch_size: int,
+    noise_multiplier: float,
+    epochs: float,
+    delta: float,
+    *,
+    sampling: str = "poisson",
+) -> tuple[float, float]:
     """Epsilon of DP-SGD, with the same numbers as TF-Privacy's function.
 
     It assumes Poisson sampling (`sampling="poisson"`, TF-Privacy's
@@ -300,13 +318,13 @@ def compute_dp_sgd_privacy(n, batch_size, noise_multiplier, epochs, delta, *,
 
 def epsilon_after_steps(
     *,
-    steps,
-    num_examples,
-    batch_size,
-    noise_multiplier,
-    delta,
-    accountant="rdp",
-):
+    steps: int,
+    num_examples: int,
+    batch_size: int,
+    noise_multiplier: float,
+    delta: float,
+    accountant: str = "rdp",
+) -> float:
     """Epsilon after T Poisson-sampled Gaussian steps.
 
     Composes SelfComposedDpEvent(PoissonSampledDpEvent(q,

@@ -91,9 +91,15 @@ def gaussian_epsilon(noise_multiplier, delta, accountant):
     return float(pld.get_epsilon(delta))
 
 
-def epsilon_without_amplification(*, steps, noise_multiplier, delta,
-                                  batches_per_pass=None,
-                                  accumulation_steps=1, accountant="rdp"):
+def epsilon_without_amplification(
+    *,
+    steps: int,
+    noise_multiplier: float,
+    delta: float,
+    batches_per_pass: int | None = None,
+    accumulation_steps: int = 1,
+    accountant: str = "rdp",
+) -> float:
     """Epsilon of T logical steps of fixed (not Poisson-sampled) batches.
 
     Each pass over the data is one Gaussian mechanism per example, composed

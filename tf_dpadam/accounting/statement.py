@@ -45,14 +45,14 @@ def _example_level_rdp(q, sigma, steps, delta):
 
 
 def compute_dp_sgd_privacy_statement(
-    number_of_examples,
-    batch_size,
-    num_epochs,
-    noise_multiplier,
-    delta,
-    used_microbatching=False,
-    max_examples_per_user=None,
-):
+    number_of_examples: int,
+    batch_size: int,
+    num_epochs: float,
+    noise_multiplier: float,
+    delta: float,
+    used_microbatching: bool = False,
+    max_examples_per_user: int | None = None,
+) -> str:
     """A short human-readable statement of the privacy of a training run.
 
     The run is T = ceil(num_epochs * N / B) steps of

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import dp_math
-from tf_dpadam import privatizer
+from tf_dpadam.step import replicas
 from tf_dpadam import validation
 from tf_dpadam.audit import bound
 from tf_dpadam.audit import hooks as hooks_lib
@@ -278,7 +278,7 @@ class GradientCanaries:
         accounting's epsilon covers all of them), so their sum along a
         canary is a fair white-box score whatever the optimizer does next.
         """
-        if privatizer.num_replicas() > 1:
+        if replicas.num_replicas() > 1:
             raise ValueError(
                 "GradientCanaries support one replica only (the privatized"
                 " gradient is split between replicas)."

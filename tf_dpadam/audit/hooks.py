@@ -1,10 +1,12 @@
-"""How the audit reaches into a private model's train step.
+"""How the audit takes part in a private model's train step.
 
-A `PrivateModel` holds one `AuditHooks` (or None, the normal case) and asks
-it three things while tracing its train step: the clip norm to use, the
-noise std to use, and what gradient canaries to add to the clipped sum before
-the noise. Without breaks the first two are the identity, so a run with
-gradient canaries is the user's own DP step plus extra "examples".
+`AuditHooks` is the audit's `tf_dpadam.step.hooks.StepHooks`, registered on
+a `PrivateModel` (`model.add_step_hooks`) at most once: the train step asks
+it, while tracing, the clip norm to use, the noise std to use, and what
+gradient canaries to add to the clipped sum before the noise, and shows
+it the private gradient. Without breaks the first two are the identity,
+so a run with gradient canaries is the user's own DP step plus extra
+"examples".
 
 The breaks exist to test the auditor: a broken run must be detected. They
 make the run NOT private, and `break_privatizer` says so loudly.
@@ -14,6 +16,7 @@ import logging
 import warnings
 
 from tf_dpadam import private_model
+from tf_dpadam.step import hooks as step_hooks
 
 # `break_privatizer`'s choices: "none" keeps the real privatizer; "no_noise"
 # adds no noise (the optimizer's Phi and the claimed epsilon still assume
@@ -36,8 +39,10 @@ _WHAT = {
 }
 
 
-class AuditHooks:
+class AuditHooks(step_hooks.StepHooks):
     """What a private model's train step asks the audit while tracing."""
+
+    supports_replica_accumulation = False
 
     def __init__(self):
         self.broken = "none"
@@ -49,15 +54,19 @@ class AuditHooks:
     def noise_stddev(self, stddev):
         return 0.0 if self.broken == "no_noise" else stddev
 
-    def add_canaries(self, summed, count, variables, l2_norm_clip, step):
+    def add_to_sum(self, summed, count, variables, l2_norm_clip, step):
         if self.canaries is None:
             return summed, count
         return self.canaries.add_to_step(summed, count, variables,
                                          l2_norm_clip, step)
 
-    def observe(self, private_grads, variables):
+    def after_noise(self, private_grads, variables):
         if self.canaries is not None:
             self.canaries.observe(private_grads, variables)
+
+    def replica_accumulation_error(self):
+        return ("tf_dpadam.audit supports one replica only; it is not"
+                " available with gradient accumulation under tf.distribute.")
 
 
 def hooks_of(model):
@@ -74,10 +83,13 @@ def hooks_of(model):
             "Expected model to be a tf_dpadam.PrivateModel (from"
             f" make_private), got {type(model).__name__}."
         )
-    if model._audit.value is None:  # pylint: disable=protected-access
-        model._audit.value = AuditHooks()  # pylint: disable=protected-access
-    model.train_function = None
-    return model._audit.value  # pylint: disable=protected-access
+    for hooks in model.step_hooks:
+        if isinstance(hooks, AuditHooks):
+            model.train_function = None
+            return hooks
+    hooks = AuditHooks()
+    model.add_step_hooks(hooks)
+    return hooks
 
 
 def break_privatizer(model, how):

@@ -41,6 +41,10 @@ The package has three modules, and re-exports their public names:
   `MomentSnapshot`s during `fit`;
 * `report`: the tables (Markdown) and histograms (PNG; needs matplotlib,
   an optional dependency imported only to draw them).
+
+The rows and columns of the tables: `SUMMARY_COLUMNS` (of a summary row),
+`SUMMARY_ROWS` and `COMPARISON_ROWS` (the entries of `moment_summary` and
+`moment_comparison`, with their Markdown labels).
 """
 
 from tf_dpadam.diagnostics.callback import MomentDiagnostics
@@ -59,3 +63,22 @@ from tf_dpadam.diagnostics.report import render_report
 from tf_dpadam.diagnostics.report import save_histograms
 from tf_dpadam.diagnostics.report import SUMMARY_ROWS
 from tf_dpadam.diagnostics.report import summary_markdown
+
+__all__ = [
+    "COMPARISON_ROWS",
+    "SUMMARY_COLUMNS",
+    "SUMMARY_ROWS",
+    "adam_direction",
+    "adam_moments",
+    "bias_correct",
+    "corrected_direction",
+    "moment_comparison",
+    "moment_summary",
+    "MomentDiagnostics",
+    "MomentSnapshot",
+    "render_report",
+    "save_histograms",
+    "second_moment_noise_std",
+    "summary_markdown",
+    "summary_statistics",
+]

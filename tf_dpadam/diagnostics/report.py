@@ -107,7 +107,7 @@ def _log_histogram(axis, series, title, lines=()):
 def save_histograms(snapshot, path):
     """Saves Figure-2-style histograms of one snapshot as a PNG.
 
-    Three panels, log x axes: |m| (clean, private); v (v^c, v^p and the
+    Three panels, log x axes: `|m|` (clean, private); v (v^c, v^p and the
     corrected max(v^p - Phi, gamma'), with Phi and gamma' marked); and the
     magnitude of the update m / sqrt(v) (clean, private, corrected).
     Uses matplotlib's object API with the Agg canvas (no pyplot, no global

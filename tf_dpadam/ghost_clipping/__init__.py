@@ -1,6 +1,6 @@
 """Ghost clipping: the sum of clipped per-example gradients, batched.
 
-The vectorized path (`privatizer.per_example_gradients`) differentiates every
+The vectorized path (`step.clipping.per_example_gradients`) differentiates every
 example on its own. For most layers the per-example gradient of a weight is a
 known function of two batched tensors, the layer's input `a` and the gradient
 `g` of the loss w.r.t. the layer's output `z` (Goodfellow 2015; Li et al.

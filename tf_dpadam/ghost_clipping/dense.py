@@ -54,12 +54,12 @@ class DenseRule(rule.Rule):
             a_list.append(tf.reshape(a, [recording.batch_size, -1, d]))
             g_list.append(tf.reshape(g, [recording.batch_size, -1, p]))
             bias_grads.append(ops.sum(g_list[-1], axis=1))
-        return self._weight_blocks(
+        return self.weight_blocks(
             ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
             bias_grads, KernelMatrix.dense(d, p),
         )
 
-    def _weight_blocks(self, a, g, bias_grads, matrix):
+    def weight_blocks(self, a, g, bias_grads, matrix):
         """The blocks of the kernel (`a`: `[B, T, d]`, `g`: `[B, T, p]`,
         `matrix` the kernel's `KernelMatrix`) and of the bias."""
         kernel = self.variable(self.kernel_name)
@@ -125,7 +125,7 @@ class EinsumDenseRule(DenseRule):
             g_list.append(tf.reshape(g_t, [batch, -1, p]))
             if bias is not None:
                 bias_grads.append(reduce_to_shape(g, bias.shape))
-        return self._weight_blocks(
+        return self.weight_blocks(
             ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
             bias_grads, matrix,
         )

@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
-from tf_dpadam import privatizer
+from tf_dpadam.step import clipping
 from tf_dpadam import vectorization
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import rule
@@ -87,7 +87,7 @@ class FallbackRule(rule.Rule):
                 with tf.GradientTape() as tape:
                     outputs = layer(*args, **kwargs)
                 flat = tf.nest.flatten(outputs)
-                return privatizer.gradients_or_zeros(
+                return clipping.gradients_or_zeros(
                     tape, [flat[j] for j, _ in used], variables,
                     output_gradients=[c[None] for c in cotangents],
                 )

@@ -28,6 +28,7 @@ last axis. Seen as the `[d, p]` matrix of the kernel:
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import rule
@@ -115,14 +116,14 @@ class _LoraMixin:
         """`W + s A B` in the compute dtype, as Keras' `kernel` property."""
         layer = self.layer
         merged = ops.add(
-            rule.stopped(layer._kernel),
+            rule.stopped(compat.lora_frozen_kernel(layer)),
             self._scale() * ops.matmul(rule.stopped(layer.lora_kernel_a),
                                        rule.stopped(layer.lora_kernel_b)),
         )
         return ops.cast(merged, layer.compute_dtype)
 
-    def _weight_blocks(self, a, g, bias_grads, matrix):
-        out = super()._weight_blocks(a, g, bias_grads, matrix)
+    def weight_blocks(self, a, g, bias_grads, matrix):
+        out = super().weight_blocks(a, g, bias_grads, matrix)
         layer = self.layer
         factors = (self.variable("lora_kernel_a"),
                    self.variable("lora_kernel_b"))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
-from tf_dpadam import privatizer
+from tf_dpadam.step import replicas
 from tf_dpadam import vectorization
 
 
@@ -37,7 +37,7 @@ def compiled_loss_fn(model):
         # Keras' reduced loss is divided by the replicas: undo it.
         return _mapped_per_example_loss(
             compile_loss, y, y_pred, sample_weight
-        ) * privatizer.num_replicas()
+        ) * replicas.num_replicas()
 
     return per_example_loss
 

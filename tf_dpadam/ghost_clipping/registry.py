@@ -20,8 +20,8 @@
 
 Adding a layer: a rule module, one line in `GHOST_RULES` (a keras-hub layer:
 in `keras_hub.RULES`, by name, registered once keras_hub is imported), one
-test; the README's table (`markdown_table`) is checked against this module
-by tests/ghost_clipping_registry_test.py.
+test; the table of docs/guides/layers_and_clipping.md (`markdown_table`) is
+checked against this module by tests/ghost_clipping_registry_test.py.
 """
 
 import warnings
@@ -201,7 +201,7 @@ def _qualified(cls):
 
 
 def markdown_table():
-    """The README's table of ghost rules, generated from `GHOST_RULES`,
+    """The docs' table of ghost rules, generated from `GHOST_RULES`,
     `keras_hub.RULES` and `LORA_RULES`."""
     rows = ["| layer | ghost rule | module |", "|---|---|---|"]
     for table, prefix, note in (

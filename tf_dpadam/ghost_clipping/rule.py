@@ -9,7 +9,7 @@ gradients into blocks (`blocks.py`): per-example squared norms and weighted
 sums. A rule knows nothing of clipping; the step knows nothing of layers.
 
 A new layer family is one module with a `Rule` subclass, one line in
-`registry.py` and one test (see the README's "Adding a layer").
+`registry.py` and one test (see docs/guides/layers_and_clipping.md, "Adding a layer").
 """
 
 import tensorflow as tf

@@ -14,7 +14,7 @@ Steps 3 to 5 compute in float32 whatever the model's dtype policy (the
 rules cast what they recorded), and the sums are float32. An example whose
 gradient or loss is NaN or infinite (its norm is then NaN or inf) gets the
 clip factor 0; should its 0 * inf make a sum NaN, the private train step
-recomputes the sums without it (`privatizer.without_non_finite`).
+recomputes the sums without it (`step.clipping.without_non_finite`).
 
 With augmentation multiplicity (`group_size` K) the batch holds K rows (views)
 per example: the rules record rows, each row's loss weighs 1/K, and step 3

@@ -1,0 +1,45 @@
+"""The private Keras/TensorFlow APIs tf_dpadam uses (`tf_dpadam.compat`)."""
+
+import keras
+import numpy as np
+from absl.testing import absltest
+
+import tf_dpadam
+from tf_dpadam import compat
+
+
+class CompatTest(absltest.TestCase):
+
+    def test_the_vectorizer_registry_is_found(self):
+        registry, wrap = compat.pfor_converter_registry()
+        self.assertIn("BatchMatMulV2", registry)
+        self.assertTrue(callable(wrap))
+
+    def test_a_tracked_variable_is_optimizer_state(self):
+        optimizer = keras.optimizers.SGD()
+        optimizer.build([keras.Variable(np.zeros(2, "float32"))])
+        extra = keras.Variable(np.zeros(3, "float32"), trainable=False)
+        compat.track_optimizer_variable(optimizer, extra)
+        self.assertTrue(any(v is extra for v in optimizer.variables))
+
+    def test_lora_frozen_kernel_is_w_without_a_b(self):
+        layer = keras.layers.Dense(3)
+        layer.build((None, 2))
+        layer.enable_lora(1)
+        self.assertEqual(tuple(compat.lora_frozen_kernel(layer).shape),
+                         (2, 3))
+        self.assertFalse(layer.trainable_weights[0] is
+                         compat.lora_frozen_kernel(layer))
+
+    def test_clipping_after_construction_is_checked(self):
+        optimizer = tf_dpadam.DPAdamCorrected(l2_norm_clip=1.0,
+                                              noise_multiplier=1.0)
+        optimizer.clipnorm = 1.0
+        with self.assertRaisesRegex(ValueError, "clipnorm=None"):
+            optimizer.check_gradient_clipping()
+        with self.assertRaisesRegex(ValueError, "clipnorm=None"):
+            optimizer._clip_gradients([np.zeros(2, "float32")])
+
+
+if __name__ == "__main__":
+    absltest.main()

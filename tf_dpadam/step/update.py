@@ -1,0 +1,169 @@
+"""Phases 3 to 5 of the DP step: noise once, divide by B, apply.
+
+`apply_clipped_sum` takes a batch's clipped sum (phases 1 and 2,
+`train_step`) and runs the rest of the step, in one of three ways:
+
+1. No accumulation (k = 1): the sums and counts are added over the
+   `tf.distribute` replicas (if any), then `noise_scale_apply`: the hooks'
+   additions (audit canaries), one Gaussian draw of std sigma * C (on the
+   first replica only: each replica hands 1/R of the sum to Keras, which
+   adds them), division by B, the optimizer.
+2. Accumulation over k > 1 physical batches, one replica: the batch is added
+   to the optimizer's accumulators (`accumulation.GradientAccumulator`), and
+   on every k-th batch `noise_scale_apply` runs on their totals and clears
+   them.
+3. Accumulation under `tf.distribute`: each replica adds its batch to its
+   own copy of the accumulators, without communication; then all replicas
+   meet in one `merge_call` (outside any control flow, as Keras' own
+   gradient aggregation does), in which, on every k-th batch only, one
+   `tf.cond` runs `logical_step_on_replicas`: the noise is added to the copy
+   of the replica with global id 0, one all-reduce sums all copies (so the
+   noise is drawn once and every worker applies the same gradient), then
+   division by the global B and the optimizer, in cross-replica context.
+   (The reverse nesting, a `merge_call` inside a `tf.cond` of the replica's
+   step, is what `tf.distribute` refuses.)
+
+The noise and the division compute in float32; the optimizer casts the
+private gradient to each variable's dtype (`apply_private`).
+"""
+
+import dataclasses
+from typing import Sequence
+
+import tensorflow as tf
+from keras import ops
+
+from tf_dpadam.step import noise
+from tf_dpadam.step import replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What phases 3 to 5 need, for one trace of the train step.
+
+    Attributes:
+        optimizer: the DP optimizer (its `dp_config` gives C, sigma and B).
+        variables: the trainable variables.
+        noise_seeds: the model's `seeds.NoiseSeeds`.
+        hooks: the model's `hooks.StepHooks`, in order.
+        secure_mode: whether each noise value is a sum of several normals.
+    """
+    optimizer: object
+    variables: Sequence
+    noise_seeds: object
+    hooks: Sequence = ()
+    secure_mode: bool = False
+
+
+def clip_norm(config, hooks) -> float:
+    """C, unless a hook (an audit test's deliberate break) changes it."""
+    l2_norm_clip = config.l2_norm_clip
+    for hook in hooks:
+        l2_norm_clip = hook.clip_norm(l2_norm_clip)
+    return l2_norm_clip
+
+
+def apply_clipped_sum(update: Update, summed: list, count) -> None:
+    """Phases 3 to 5 for a batch's clipped sums and example count (this
+    replica's), with accumulation and replicas as the module docstring says."""
+    accumulator = update.optimizer.dp_accumulator  # None unless k > 1
+    if accumulator is None:
+        if replicas.num_replicas() > 1:
+            summed, count = replicas.sum_over_replicas((summed, count))
+        noise_scale_apply(update, summed, count)
+    elif not tf.distribute.has_strategy():
+        accumulator.add(summed, count)
+
+        def logical_step():
+            noise_scale_apply(update, *accumulator.totals())
+            accumulator.clear()
+            return ops.zeros(())
+
+        ops.cond(accumulator.advance(), logical_step, lambda: ops.zeros(()))
+    else:
+        accumulator.add(summed, count)
+
+        def merge_fn(strategy):
+            def logical_step():
+                logical_step_on_replicas(update, strategy, accumulator)
+                accumulator.clear_all_copies()
+                return tf.zeros(())
+
+            tf.cond(accumulator.advance(), logical_step,
+                    lambda: tf.zeros(()))
+
+        replicas.merge(merge_fn)
+
+
+def noise_scale_apply(update: Update, summed: list, count) -> None:
+    """Noise once, divide by B, apply.
+
+    `summed` is the clipped sum over all examples of the (logical) step
+    and all replicas, the same on every replica; `count` their number.
+    """
+    optimizer = update.optimizer
+    config = optimizer.dp_config
+    hooks = update.hooks
+    l2_norm_clip = clip_norm(config, hooks)
+    for hook in hooks:
+        # Gradient canaries: extra examples, clipped like the others.
+        summed, count = hook.add_to_sum(summed, count, update.variables,
+                                        l2_norm_clip, optimizer.iterations)
+    denominator = config.denominator(count)
+    for hook in hooks:
+        if hook.observes_clean_sum:
+            hook.before_noise(summed, denominator)
+    noise_stddev = config.noise_stddev
+    for hook in hooks:
+        noise_stddev = hook.noise_stddev(noise_stddev)
+    noised = noise.add_noise(
+        replicas.replica_share(summed),
+        noise_stddev,
+        update.noise_seeds.next(optimizer.iterations),
+        share=replicas.first_replica_share(),
+        secure_mode=update.secure_mode,
+    )
+    private_grads = noise.scale(noised, denominator)
+    for hook in hooks:
+        hook.after_noise(private_grads, update.variables)
+    optimizer.apply_private(private_grads, update.variables, denominator)
+
+
+def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
+    """Noise once, all-reduce once, divide by B, apply (cross-replica).
+
+    The logical step of accumulation under `tf.distribute`: the
+    accumulator's sums and count have one copy per replica. The noise is
+    added to the copy of the replica with global id 0 before the one
+    all-reduce (`replicas.sum_replica_copies`), so it is drawn once in
+    total and every worker applies the same gradient.
+    """
+    optimizer = update.optimizer
+    config = optimizer.dp_config
+    for hook in update.hooks:
+        if not hook.supports_replica_accumulation:
+            raise ValueError(hook.replica_accumulation_error())
+    seed = update.noise_seeds.next(optimizer.iterations)
+
+    def add_noise(values):
+        noised = noise.add_noise(
+            values[:-1], config.noise_stddev, seed,
+            secure_mode=update.secure_mode,
+        )
+        return noised + [values[-1]]
+
+    sums = list(accumulator.sums)
+    reduced = replicas.sum_replica_copies(
+        strategy, sums + [accumulator.count], first_replica=add_noise
+    )
+    noised, total = reduced[:-1], reduced[-1]
+    denominator = config.denominator(total)
+    observers = [hook for hook in update.hooks if hook.observes_clean_sum]
+    if observers:
+        # The clean sum needs an all-reduce of its own (research only).
+        clean = replicas.sum_replica_copies(strategy, sums)
+        for hook in observers:
+            hook.before_noise(clean, denominator)
+    optimizer.apply_private(
+        noise.scale(noised, denominator), update.variables, denominator
+    )
