@@ -27,6 +27,8 @@ import time
 
 from absl import logging
 
+from tf_dpadam import run_dir
+
 METRICS = "metrics.json"
 SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
 # The seconds a run has trained over all its sessions and its curve so far,
@@ -39,10 +41,10 @@ LOCK = "run.lock"
 # before it (both whole: written to a temporary file, then renamed), the
 # privacy ledger (the settings and the steps of every process that trained,
 # `training.RunLedger`), and the lock of the process that trains (flock).
-CHECKPOINT = "checkpoint.keras"
-PREVIOUS_CHECKPOINT = "checkpoint.prev.keras"
-LEDGER = "ledger.json"
-TRAIN_LOCK = "train.lock"
+CHECKPOINT = run_dir.CHECKPOINT
+PREVIOUS_CHECKPOINT = run_dir.PREVIOUS_CHECKPOINT
+LEDGER = run_dir.LEDGER
+TRAIN_LOCK = run_dir.TRAIN_LOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +132,9 @@ def comparable_config(config):
     return values
 
 
-def read_json(path):
-    """The JSON file at `path`, or None if there is none."""
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def write_json(path, value):
-    """Writes `value` to `path` as JSON, whole or not at all: another
-    process reading the run (`read_json`) never sees half a file."""
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(partial, path)
+# The run folder's JSON files, read and written whole (`tf_dpadam.run_dir`).
+read_json = run_dir.read_json
+write_json = run_dir.write_json
 
 
 def check_run_dir(model_dir, config, data):
