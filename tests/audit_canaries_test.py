@@ -81,6 +81,64 @@ def test_gradient_canaries_add_exactly_their_clipped_gradient(
                                atol=1e-7)
 
 
+def test_gradient_canaries_follow_the_adaptive_clip_norm():
+    # Adaptive clipping (noise-free): each sampled canary adds its norm
+    # (3 C_t) clipped to the step's C_t, so over two steps a canary's
+    # coordinate moves by -lr sign (C_0 + C_1) / B. The canaries do not
+    # take part in the count of unclipped examples. The loss is linear in
+    # the output, so the canaries of step 1 do not change step 2's
+    # gradients.
+    x, y = helpers.classification_data(16)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        private = tf_dpadam.make_private(keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(30)]), seed=1)
+        private.compile(optimizer=tf_dpadam.DPSGD(
+            l2_norm_clip=0.05, noise_multiplier=0.0, batch_size=8,
+            learning_rate=LR, target_unclipped_quantile=0.5,
+            clipped_count_stddev=0.0, clip_learning_rate=1.0),
+            loss=lambda y_true, y_pred: keras.ops.sum(y_pred, axis=-1))
+        return private
+
+    with_canaries, plain = model(), model()
+    canaries = audit.GradientCanaries(
+        num_canaries=40, sampling_probability=1.0, norm_multiple=3.0, seed=3)
+    canaries.attach(with_canaries)
+    clips = []
+
+    class Clips(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            clips.append(plain.optimizer.l2_norm_clip)
+
+    with_canaries.fit(x, y, batch_size=8, shuffle=False, verbose=0,
+                      sampling="shuffled")
+    plain.fit(x, y, batch_size=8, shuffle=False, verbose=0,
+              sampling="shuffled", callbacks=[Clips()])
+    assert clips[1] > clips[0] * 1.2  # C moved (every example clipped)
+    assert (with_canaries.optimizer.l2_norm_clip
+            == pytest.approx(plain.optimizer.l2_norm_clip, rel=1e-6))
+    difference = (flat(helpers.numpy_values(with_canaries.trainable_variables))
+                  - flat(helpers.numpy_values(plain.trainable_variables)))
+    sizes = [int(np.prod(v.shape)) for v in plain.trainable_variables]
+    positions = (np.concatenate([[0], np.cumsum(sizes)])[canaries._variables]
+                 + canaries._coordinates)
+    expected = np.zeros_like(difference)
+    expected[positions] = np.where(
+        canaries.included, -LR * canaries._signs * sum(clips) / 8, 0.0)
+    np.testing.assert_allclose(difference, expected, atol=1e-6)
+
+
+def test_gradient_canaries_refuse_per_layer_clipping():
+    model = tf_dpadam.make_private(helpers.mlp(), seed=1)
+    model.compile(optimizer=tf_dpadam.DPSGD(
+        l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=8,
+        per_layer_clipping=True), loss=helpers.LOSS)
+    with pytest.raises(ValueError, match="per-layer clipping"):
+        audit.GradientCanaries(num_canaries=4, sampling_probability=0.5,
+                               seed=0).attach(model)
+
+
 def wide_private_model():
     keras.utils.set_random_seed(0)
     model = tf_dpadam.make_private(

@@ -46,7 +46,7 @@ def _views(x, augmult):
 
 def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
                        accumulation_steps=None, weight_decay=None,
-                       augmult=1):
+                       augmult=1, adaptive=False):
     """Weights after 2 epochs of 2 logical steps of 16 examples each.
 
     With `accumulation_steps=k` a logical step is k physical batches of
@@ -68,7 +68,18 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
             augment = lambda x: _views(x, augmult)  # noqa: E731
         model = tf_dpadam.make_private(base, seed=2, augment=augment,
                                        augmult=augmult)
-        if unclipped_sgd:
+        if adaptive:
+            # Per-layer adaptive clipping without noise: each layer's C
+            # moves by its count of unclipped examples, summed over the
+            # replicas (and micro-batches) once per logical step.
+            optimizer = tf_dpadam.DPAdamCorrected(
+                l2_norm_clip=0.3, noise_multiplier=0.0, phi=1e-4,
+                epsilon=1e-6, learning_rate=0.01, batch_size=batch_size,
+                per_layer_clipping=True, target_unclipped_quantile=0.7,
+                clipped_count_stddev=0.0, clip_learning_rate=0.5,
+                gradient_accumulation_steps=accumulation_steps,
+            )
+        elif unclipped_sgd:
             # No example reaches C and the update is linear in the gradient:
             # per-example gradients off by any factor change the weights.
             optimizer = tf_dpadam.DPSGD(
@@ -91,7 +102,10 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
     model.fit(x, y, batch_size=16 // (accumulation_steps or 1), epochs=2,
               shuffle=False, verbose=0, sampling="shuffled")
     assert int(model.optimizer.iterations.numpy()) == 4
-    return [w.numpy().tolist() for w in base.weights]
+    weights = [w.numpy().tolist() for w in base.weights]
+    if adaptive:
+        weights.append(list(model.optimizer.l2_norm_clip.values()))
+    return weights
 
 
 def noise_update(replicas, units, sigma, clip, batch, batch_size,
@@ -147,6 +161,13 @@ def main():
         # replica, each example's 3 views one group on its replica.
         "single_augmult": noise_free_weights(1, None, augmult=3),
         "replicated_augmult": noise_free_weights(_REPLICAS, None, augmult=3),
+        "single_adaptive": noise_free_weights(1, 16, adaptive=True),
+        "replicated_adaptive": noise_free_weights(_REPLICAS, 16,
+                                                  adaptive=True),
+        "single_adaptive_accumulated": noise_free_weights(
+            1, 16, adaptive=True, accumulation_steps=2),
+        "replicated_adaptive_accumulated": noise_free_weights(
+            _REPLICAS, 16, adaptive=True, accumulation_steps=2),
         "noise_accumulated": noise_update(
             _REPLICAS, 320, 1.3, 0.5, 32, None, accumulation_steps=4
         ),

@@ -66,6 +66,21 @@ class DistributeTest(absltest.TestCase):
             for a, b in zip(self.result["single"],
                             self.result["single_augmult"])))
 
+    def test_adaptive_clipping_on_replicas_gives_the_single_device_run(self):
+        # Per-layer adaptive clipping (two counts), with and without
+        # accumulation: the weights and the final C of each layer (the last
+        # entry) as on one device. A count summed per replica only, or
+        # twice, moves C (and so the weights) differently.
+        for single, replicated in (
+                ("single_adaptive", "replicated_adaptive"),
+                ("single_adaptive_accumulated",
+                 "replicated_adaptive_accumulated")):
+            clips = self.result[single][-1]
+            self.assertLen(clips, 2)
+            self.assertNotAlmostEqual(clips[0], 0.3 / 2 ** 0.5, places=3)
+            for a, b in zip(self.result[single], self.result[replicated]):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
     def test_noise_is_added_once_over_the_global_batch(self):
         sigma, clip = 1.3, 0.5
         for key, denominator in (("noise_counted_b", 32), ("noise_fixed_b", 40),

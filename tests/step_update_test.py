@@ -83,9 +83,10 @@ class UpdateTest(absltest.TestCase):
             def clip_norm(self, l2_norm_clip):
                 return 2 * l2_norm_clip
 
-        config = tf_dpadam.DPConfig(l2_norm_clip=1.5, noise_multiplier=1.0)
-        self.assertEqual(update.clip_norm(config, ()), 1.5)
-        self.assertEqual(update.clip_norm(config, (Double(), Double())), 6.0)
+        optimizer = tf_dpadam.DPSGD(l2_norm_clip=1.5, noise_multiplier=1.0)
+        self.assertEqual(update.clip_norm(optimizer, ()), 1.5)
+        self.assertEqual(update.clip_norm(optimizer, (Double(), Double())),
+                         6.0)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,12 @@ class GradientAccumulator:
             sums; without replicas, just the sums).
         count: the number of examples added (float32).
         micro_step: the micro-batches so far (int64, one for all replicas).
+        unclipped: with adaptive clipping (`num_counts` G > 0), the shifted
+            counts of unclipped examples, `[G]` float32; else None.
     """
 
-    def __init__(self, optimizer, var_list: Sequence, steps: int):
+    def __init__(self, optimizer, var_list: Sequence, steps: int,
+                 num_counts: int = 0):
         self.steps = steps
         # Float32 whatever the variables' dtype: the clipped sums are float32
         # (`step.clipping.clip_and_sum`), and so is their accumulation.
@@ -74,6 +77,11 @@ class GradientAccumulator:
         self.count = _replica_local_variable(
             optimizer, (), "float32", "dp_accumulated_count"
         )
+        self.unclipped = None
+        if num_counts:
+            self.unclipped = _replica_local_variable(
+                optimizer, (num_counts,), "float32", "dp_accumulated_unclipped"
+            )
         self.micro_step = optimizer.add_variable(
             shape=(),
             dtype="int64",
@@ -81,11 +89,14 @@ class GradientAccumulator:
             name="dp_micro_step",
         )
 
-    def add(self, summed: Sequence, count) -> None:
-        """Adds a micro-batch's clipped sums and count (this replica's)."""
+    def add(self, summed: Sequence, count, unclipped=None) -> None:
+        """Adds a micro-batch's clipped sums and count (this replica's), and
+        with adaptive clipping its shifted counts of unclipped examples."""
         for accumulator, g in zip(self.sums, summed):
             accumulator.assign(accumulator + ops.cast(g, "float32"))
         self.count.assign(self.count + count)
+        if self.unclipped is not None:
+            self.unclipped.assign(self.unclipped + unclipped)
 
     def advance(self) -> tf.Tensor:
         """Counts a micro-batch; True if it ends a logical step (a tensor)."""
@@ -96,14 +107,22 @@ class GradientAccumulator:
         """`(sums, count)` as tensors (one replica)."""
         return [a.value for a in self.sums], self.count.value
 
+    def state(self) -> list:
+        """The variables that a logical step sums over replicas: the sums,
+        the count and (adaptive clipping) the unclipped counts."""
+        extra = [] if self.unclipped is None else [self.unclipped]
+        return self.sums + [self.count] + extra
+
     def clear(self) -> None:
         """Zeros the sums and the count (one replica)."""
         for accumulator in self.sums:
             accumulator.assign(ops.zeros_like(accumulator))
         self.count.assign(0.0)
+        if self.unclipped is not None:
+            self.unclipped.assign(ops.zeros_like(self.unclipped))
 
     def clear_all_copies(self) -> None:
         """Zeros every replica's copies (cross-replica context)."""
-        for accumulator in self.sums + [self.count]:
+        for accumulator in self.state():
             for copy in replicas.local_copies(accumulator):
                 copy.assign(tf.zeros_like(copy))

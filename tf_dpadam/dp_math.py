@@ -150,3 +150,50 @@ def clip_factors(norms, l2_norm_clip, finite=None):
 def corrected_adam_direction(m_hat, v_hat, phi, gamma):
     """m_hat / sqrt(max(v_hat - Phi, gamma')), the paper's Algorithm 1 step."""
     return m_hat / ops.sqrt(ops.maximum(v_hat - phi, gamma))
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupClip:
+    """Per-layer (group-wise) clipping of one step (`tf_dpadam.clip_groups`).
+
+    Attributes:
+        clip_norms: C_l of each group, `[G]` (a tensor or a sequence).
+        groups: the group index of each trainable variable, in order.
+    """
+
+    clip_norms: object
+    groups: tuple
+
+    @classmethod
+    def of(cls, clip, groups):
+        """`clip` itself for flat clipping (`groups` None), else a
+        `GroupClip`."""
+        return clip if groups is None else cls(clip, tuple(groups))
+
+    @property
+    def num_groups(self) -> int:
+        return max(self.groups) + 1
+
+
+def global_norms(norms):
+    """Each example's global norm: `norms` itself (`[B]`), or from per-group
+    norms `[G, B]`, sqrt(sum_l norm_l^2)."""
+    if len(norms.shape) == 1:
+        return norms
+    return ops.sqrt(ops.sum(ops.square(ops.cast(norms, "float32")), axis=0))
+
+
+def group_clip_factors(group_norms, clip_norms, finite=None):
+    """min(1, C_l / ||g_i,l||) per group, `[G, B]`, from `[G, B]` norms.
+
+    An example whose norm in any group is not finite (or that `finite`
+    marks False) gets the factor 0 in every group, so that it adds nothing.
+    """
+    group_norms = ops.cast(group_norms, "float32")
+    ok = finite_examples(global_norms(group_norms))
+    if finite is not None:
+        ok = ops.logical_and(ok, finite)
+    clips = ops.reshape(
+        ops.broadcast_to(ops.cast(clip_norms, "float32"),
+                         (group_norms.shape[0],)), (-1, 1))
+    return clip_factors(group_norms, clips, finite=ok)

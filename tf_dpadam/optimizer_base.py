@@ -9,9 +9,15 @@ arguments to `get_config`. The Keras hooks it needs to override are in
 `compat.OptimizerOverrides`.
 """
 
+from typing import Mapping
+
+import keras
+import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import accumulation
+from tf_dpadam import adaptive_clipping
+from tf_dpadam import clip_groups
 from tf_dpadam import compat
 from tf_dpadam import dp_math
 
@@ -39,6 +45,9 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     _refused_kwargs = {}
 
     def __init__(self, *, l2_norm_clip, noise_multiplier, batch_size,
+                 target_unclipped_quantile=None,
+                 clip_learning_rate=adaptive_clipping.DEFAULT_CLIP_LEARNING_RATE,
+                 clipped_count_stddev=None, per_layer_clipping=False,
                  **kwargs):
         refused = {**_UNSUPPORTED_KWARGS, **self._refused_kwargs}
         for name, why in refused.items():
@@ -49,8 +58,22 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         # The private train step accumulates clipped gradients itself
         # (Keras' own accumulation would add noise to every micro-batch).
         steps = kwargs.pop("gradient_accumulation_steps", None)
+        clip_groups.check_spec(l2_norm_clip, per_layer_clipping)
+        adaptive = None
+        if target_unclipped_quantile is not None:
+            adaptive = adaptive_clipping.AdaptiveClipping(
+                target_unclipped_quantile=target_unclipped_quantile,
+                clip_learning_rate=clip_learning_rate,
+                clipped_count_stddev=clipped_count_stddev)
+        elif clipped_count_stddev is not None:
+            raise ValueError(
+                f"Expected clipped_count_stddev={clipped_count_stddev!r} to"
+                " be None without target_unclipped_quantile (adaptive"
+                " clipping is off).")
+        mapping = isinstance(l2_norm_clip, Mapping)
         dp_config = dp_math.DPConfig(
-            l2_norm_clip=l2_norm_clip,
+            l2_norm_clip=(clip_groups.total_clip_norm(l2_norm_clip.values())
+                          if mapping else l2_norm_clip),
             noise_multiplier=noise_multiplier,
             batch_size=batch_size,
             accumulation_steps=1 if steps is None else steps,
@@ -58,6 +81,20 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         super().__init__(**self.keras_arguments(**kwargs))
         self.dp_config = dp_config
         self._private_apply_depth = 0
+        # A mapping is kept as (key, C_l) pairs: Keras would track a dict.
+        self._clip_items = (tuple((k, float(c)) for k, c in
+                                  l2_norm_clip.items()) if mapping else None)
+        self.per_layer_clipping = per_layer_clipping
+        self.adaptive_clipping = adaptive
+        # Set by `build`, which knows the variables and so the groups.
+        self._adaptive_clips = None
+        self.clip_group_names = [clip_groups.FLAT_GROUP]
+        self._initial_clips = [dp_config.l2_norm_clip]
+        self._group_of = None
+        if adaptive is not None and (mapping or not per_layer_clipping):
+            # Checks sigma_b now where G is known (else in `build`).
+            self.gradient_noise_multiplier_for(
+                len(l2_norm_clip) if mapping else 1)
 
     def keras_arguments(self, **kwargs):
         """Checks the update rule's arguments; returns Keras' (default: all
@@ -67,8 +104,16 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     def get_config(self):
         config = super().get_config()
         k = self.dp_accumulation_steps
+        adaptive = self.adaptive_clipping
         config.update({
-            "l2_norm_clip": self.l2_norm_clip,
+            "l2_norm_clip": self.clip_spec,
+            "per_layer_clipping": self.per_layer_clipping,
+            "target_unclipped_quantile":
+                adaptive and adaptive.target_unclipped_quantile,
+            "clip_learning_rate": (
+                adaptive.clip_learning_rate if adaptive
+                else adaptive_clipping.DEFAULT_CLIP_LEARNING_RATE),
+            "clipped_count_stddev": adaptive and adaptive.clipped_count_stddev,
             "noise_multiplier": self.noise_multiplier,
             "batch_size": self.batch_size,
             "gradient_accumulation_steps": None if k == 1 else k,
@@ -76,8 +121,29 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         return config
 
     @property
+    def clip_spec(self):
+        """`l2_norm_clip` as given: a number, or a dict `{key: C_l}`."""
+        if self._clip_items is None:
+            return self.dp_config.l2_norm_clip
+        return dict(self._clip_items)
+
+    @property
     def l2_norm_clip(self):
-        return self.dp_config.l2_norm_clip
+        """The current C: the constructor's, or, with adaptive clipping and
+        once built, the clip norm that the next step uses (a float; a dict
+        `{group: C_l}` with per-layer clipping). Inside a traced function,
+        the constructor's value: the step itself reads `clip_norms()`."""
+        if self._adaptive_clips is not None and tf.executing_eagerly():
+            values = [float(c)
+                      for c in ops.convert_to_numpy(self.clip_norms())]
+        elif self._group_of is not None:  # built: the groups are known
+            values = list(self._initial_clips)
+        else:
+            return self.clip_spec
+        if not clip_groups.is_grouped(self.clip_spec,
+                                      self.per_layer_clipping):
+            return values[0]
+        return dict(zip(self.clip_group_names, values))
 
     @property
     def noise_multiplier(self):
@@ -106,14 +172,32 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
             aggregation="only_first_replica",
             name="dp_step_denominator",
         )
+        self.clip_group_names, self._initial_clips, self._group_of = (
+            clip_groups.assign([v.path for v in var_list], self.clip_spec,
+                               self.per_layer_clipping))
+        self._adaptive_clips = None
+        if self.adaptive_clipping is not None:
+            self.gradient_noise_multiplier_for(len(self._initial_clips))
+            # C of each group, moved after every step and saved with the
+            # optimizer (a resumed run goes on from the C it reached).
+            self._adaptive_clips = self.add_variable(
+                shape=(len(self._initial_clips),),
+                initializer=keras.initializers.Constant(self._initial_clips),
+                dtype="float32",
+                aggregation="only_first_replica",
+                name="dp_adaptive_clip_norms",
+            )
         # The accumulators of a logical step of k > 1 physical batches.
         self.dp_accumulator = None
         if self.dp_accumulation_steps > 1:
             self.dp_accumulator = accumulation.GradientAccumulator(
-                self, var_list, self.dp_accumulation_steps
+                self, var_list, self.dp_accumulation_steps,
+                num_counts=(len(self._initial_clips)
+                            if self.adaptive_clipping is not None else 0),
             )
 
-    def apply_private(self, grads, trainable_variables, denominator):
+    def apply_private(self, grads, trainable_variables, denominator,
+                      unclipped_fraction=None):
         """Applies privatized gradients; called by the private train step only.
 
         Args:
@@ -122,17 +206,79 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                 variable's dtype here, after the noise (post-processing).
             trainable_variables: the variables they belong to.
             denominator: the B that the gradients were divided by.
+            unclipped_fraction: with adaptive clipping, the privatized
+                fraction b_tilde of unclipped examples per group (`[G]`);
+                C moves after the update.
         """
         if not self.built:
             self.build(trainable_variables)
         grads = [ops.cast(g, v.dtype)
                  for g, v in zip(grads, trainable_variables)]
         self._step_denominator.assign(ops.cast(denominator, "float32"))
+        self.before_private_apply()
         self._private_apply_depth += 1
         try:
-            return self.apply(grads, trainable_variables)
+            result = self.apply(grads, trainable_variables)
         finally:
             self._private_apply_depth -= 1
+        if self._adaptive_clips is not None:
+            settings = self.adaptive_clipping
+            self._adaptive_clips.assign(adaptive_clipping.next_clip_norms(
+                self._adaptive_clips.value, unclipped_fraction,
+                settings.target_unclipped_quantile,
+                settings.clip_learning_rate))
+        return result
+
+    def before_private_apply(self):
+        """Runs before the update, after B is known (default: nothing)."""
+
+    def clip_norms(self):
+        """C of each clipping group this step, a float32 `[G]` tensor (the
+        moving clip norms with adaptive clipping)."""
+        if self._adaptive_clips is not None:
+            return self._adaptive_clips.value
+        return ops.convert_to_tensor(self._initial_clips, "float32")
+
+    def variable_groups(self):
+        """The clipping group of each trainable variable (a list of ints),
+        or None for flat clipping (one global norm)."""
+        if not clip_groups.is_grouped(self.clip_spec,
+                                      self.per_layer_clipping):
+            return None
+        return list(self._group_of)
+
+    def total_clip_norm(self):
+        """sqrt(sum_l C_l^2), the sensitivity of the clipped sum: a float,
+        or a tensor with adaptive clipping."""
+        if self._adaptive_clips is None:
+            return self.dp_config.l2_norm_clip
+        return ops.sqrt(ops.sum(ops.square(self._adaptive_clips.value)))
+
+    def gradient_noise_multiplier_for(self, num_groups):
+        """z_grad for G groups: `noise_multiplier`, raised with adaptive
+        clipping so that gradient and counts together have it
+        (`adaptive_clipping.gradient_noise_multiplier`)."""
+        if self.adaptive_clipping is None:
+            return self.noise_multiplier
+        return adaptive_clipping.gradient_noise_multiplier(
+            self.noise_multiplier, self.clipped_count_stddev(), num_groups)
+
+    @property
+    def gradient_noise_multiplier(self):
+        """z_grad, the gradient noise's std over the total C (built)."""
+        return self.gradient_noise_multiplier_for(len(self._initial_clips))
+
+    def clipped_count_stddev(self):
+        """sigma_b, the std of the noise of each count of unclipped
+        examples (adaptive clipping only)."""
+        return self.adaptive_clipping.count_stddev(self.batch_size)
+
+    def gradient_noise_stddev(self):
+        """The std of the noise on the clipped sum: z_grad times the total C
+        (a float, or a tensor with adaptive clipping)."""
+        if self._adaptive_clips is None:
+            return self.dp_config.noise_stddev
+        return self.gradient_noise_multiplier * self.total_clip_norm()
 
     def apply(self, grads, trainable_variables=None):
         if not self._private_apply_depth:
@@ -146,10 +292,10 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         return super().apply(grads, trainable_variables)
 
     def noise_phi(self):
-        """Phi = (sigma C / B)^2 for the current step's B (a tensor)."""
-        return dp_math.noise_variance_phi(
-            self.l2_norm_clip, self.noise_multiplier, self._step_denominator
-        )
+        """Phi = (sigma C / B)^2 for the current step's B and C (a tensor):
+        sigma is z_grad and C the total clip norm, as the noise used."""
+        return ops.square(ops.cast(self.gradient_noise_stddev(), "float32")
+                          / self._step_denominator)
 
 
 def constructor_arguments(arguments: dict) -> dict:

@@ -14,7 +14,7 @@ TF-Privacy's `DPKerasAdamOptimizer`), and `DPAdamCorrected` is Adam with the
 bias-corrected denominator of Tang & Lecuyer.
 """
 
-from typing import Optional, Union
+from typing import Mapping, Optional, Union
 
 import keras
 from keras import ops
@@ -67,6 +67,26 @@ _DP_ARGS_DOC = """
             Under `tf.distribute` every replica accumulates its own k
             physical batches; the logical batch is k global batches, its
             sums are all-reduced once and noised once.
+        target_unclipped_quantile: None (C fixed), or gamma in (0, 1) for
+            adaptive clipping (Andrew et al. 2021,
+            `tf_dpadam.adaptive_clipping`): after each step C moves
+            geometrically toward the gamma-quantile of the per-example
+            gradient norms, C <- C exp(-eta (b_tilde - gamma)), b_tilde
+            being the privatized fraction of unclipped examples. The
+            gradient's noise multiplier is raised so that the gradient and
+            the count together have `noise_multiplier`, which accounting
+            uses unchanged. `l2_norm_clip` is then the initial C, and the
+            `l2_norm_clip` attribute reports the current one.
+        clip_learning_rate: eta > 0, the geometric step of adaptive
+            clipping (the paper's 0.2).
+        clipped_count_stddev: sigma_b, the std of the count's noise; None
+            for the paper's B / 20.
+        per_layer_clipping: with a number `l2_norm_clip` C, clip each
+            layer's gradient on its own to C / sqrt(L) (L layers with
+            trainable weights), so the total sensitivity stays C
+            (`tf_dpadam.clip_groups`). `l2_norm_clip` may also be a mapping
+            `{layer name or path: C_l}`, one group per key; the noise and
+            Phi then use sqrt(sum_l C_l^2).
 """
 
 _POST_CLIP_DOC = """
@@ -88,9 +108,13 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
     def __init__(
         self,
         *,
-        l2_norm_clip: float,
+        l2_norm_clip: Union[float, Mapping[str, float]],
         noise_multiplier: float,
         batch_size: Optional[int] = None,
+        target_unclipped_quantile: Optional[float] = None,
+        clip_learning_rate: float = 0.2,
+        clipped_count_stddev: Optional[float] = None,
+        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.01,
         momentum: float = 0.0,
         nesterov: bool = False,
@@ -137,9 +161,13 @@ class DPAdam(_DPAdamBase):
     def __init__(
         self,
         *,
-        l2_norm_clip: float,
+        l2_norm_clip: Union[float, Mapping[str, float]],
         noise_multiplier: float,
         batch_size: Optional[int] = None,
+        target_unclipped_quantile: Optional[float] = None,
+        clip_learning_rate: float = 0.2,
+        clipped_count_stddev: Optional[float] = None,
+        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
@@ -202,9 +230,13 @@ class DPAdamCorrected(_DPAdamBase):
     def __init__(
         self,
         *,
-        l2_norm_clip: float,
+        l2_norm_clip: Union[float, Mapping[str, float]],
         noise_multiplier: float,
         batch_size: Optional[int] = None,
+        target_unclipped_quantile: Optional[float] = None,
+        clip_learning_rate: float = 0.2,
+        clipped_count_stddev: Optional[float] = None,
+        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
@@ -237,10 +269,36 @@ class DPAdamCorrected(_DPAdamBase):
                     f" {_PHI_CHANGING_WHY}."
                 )
 
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        # Under adaptive clipping C moves, and the noise's share of v_hat
+        # is the bias-corrected moving average of the past steps' Phi_tau,
+        # with v's own weights: (1 - beta_2) sum_tau beta_2^(t - tau)
+        # Phi_tau / (1 - beta_2^t). This variable holds its numerator.
+        self._phi_average = None
+        if self.adaptive_clipping is not None and self.phi is None:
+            self._phi_average = self.add_variable(
+                shape=(), initializer="zeros", dtype="float32",
+                aggregation="only_first_replica", name="dp_phi_average")
+
+    def before_private_apply(self):
+        if self._phi_average is not None:
+            self._phi_average.assign(
+                self.beta_2 * self._phi_average.value
+                + (1 - self.beta_2) * self.noise_phi())
+
     def step_phi(self):
-        """The Phi subtracted this step: `phi` if given, else (sigma C / B)^2."""
+        """The Phi subtracted this step: `phi` if given; else
+        (sigma C / B)^2, or under adaptive clipping the bias-corrected
+        moving average of the past steps' (sigma C_tau / B_tau)^2."""
         if self.phi is not None:
             return ops.convert_to_tensor(self.phi, "float32")
+        if self._phi_average is not None:
+            t = ops.cast(self.iterations + 1, "float32")
+            return self._phi_average.value / (
+                1 - ops.power(ops.cast(self.beta_2, "float32"), t))
         return self.noise_phi()
 
     def step_gamma(self, phi):

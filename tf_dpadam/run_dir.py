@@ -119,7 +119,7 @@ def checkpoint_settings(model: keras.Model) -> Settings:
     name = type(optimizer).__name__
     return dict(
         noise_multiplier=float(optimizer.noise_multiplier),
-        l2_norm_clip=float(optimizer.l2_norm_clip),
+        l2_norm_clip=float(optimizer.dp_config.l2_norm_clip),  # initial C
         batch_size=optimizer.batch_size,
         optimizer=OPTIMIZER_FLAGS.get(name, name),
         accumulation_steps=int(optimizer.dp_accumulation_steps))

@@ -173,7 +173,6 @@ class GradientCanaries:
         self._coordinates = None  # per canary: flat index in that variable
         self._signs = None
         self._start = None  # per canary: the coordinate's value at attach
-        self._norm = None
 
     def attach(self, model):
         """Places the canaries on `model`'s weights and starts the scores.
@@ -206,7 +205,11 @@ class GradientCanaries:
         self._groups = [(index, np.flatnonzero(self._variables == index))
                         for index in np.unique(self._variables)]
         self._signs = self._rng.choice([-1.0, 1.0], self.num_canaries)
-        self._norm = self.norm_multiple * model.optimizer.l2_norm_clip
+        if model.optimizer.variable_groups() is not None:
+            raise ValueError(
+                "The audit's canaries are clipped to one global norm; an"
+                " optimizer with per-layer clipping (per_layer_clipping or a"
+                " mapping l2_norm_clip) is not supported by the audit.")
         self._num_variables = len(sizes)
         self._start = self._values(model)
         # Out of the model's sight (the hooks are untracked): not saved.
@@ -250,11 +253,12 @@ class GradientCanaries:
         drawn = tf.random.stateless_uniform([self.num_canaries], seed=seed)
         sampled = tf.logical_and(tf.constant(self.included),
                                  drawn < self.sampling_probability)
-        factor = dp_math.clip_factors(
-            tf.constant(self._norm, tf.float32),
-            tf.cast(l2_norm_clip, tf.float32),
-        )
-        values = (tf.cast(sampled, tf.float32) * self._norm * factor
+        # norm_multiple times the step's C (which moves under adaptive
+        # clipping), clipped as an example to C.
+        clip = tf.cast(l2_norm_clip, tf.float32)
+        norm = self.norm_multiple * clip
+        factor = dp_math.clip_factors(norm, clip)
+        values = (tf.cast(sampled, tf.float32) * norm * factor
                   * tf.constant(self._signs, tf.float32))
         result = list(summed)
         for index, canary_ids in self._groups:

@@ -126,7 +126,9 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
             example's loss in the vectorized path includes them);
             `compiled_loss_fn(model)` builds it from the compiled loss.
         x, y, sample_weight: the batch (`sample_weight` may be `None`).
-        l2_norm_clip: C.
+        l2_norm_clip: C, or a `dp_math.GroupClip` (per-layer clipping: each
+            group of variables clipped to its own C_l; the norms returned
+            are then per group, `[G, B]`).
         mask: optional `[B]` of 0/1; examples with 0 contribute nothing.
         training: passed to the model call.
         group_size: K (augmentation multiplicity): the batch holds K rows
@@ -194,15 +196,28 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         blocks = _grouped(blocks, group_size)
         losses = ops.mean(ops.reshape(losses, (-1, group_size)), axis=1)
     regularization, reg_grads = _regularization(model)
-    norms = _norms(variables, blocks, reg_grads, rows // group_size)
+    # Per-layer clipping: one norm and one clip factor per group.
+    grouped = isinstance(l2_norm_clip, dp_math.GroupClip)
+    groups = l2_norm_clip.groups if grouped else [0] * len(variables)
+    norms = ops.stack([
+        _norms([v for v, g in zip(variables, groups) if g == index],
+               blocks, reg_grads, rows // group_size)
+        for index in range(max(groups, default=0) + 1)
+    ])
     # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
     # is NaN or infinite.
-    factors = dp_math.clip_factors(norms, l2_norm_clip,
-                                   finite=ops.isfinite(losses))
+    if grouped:
+        factors = dp_math.group_clip_factors(
+            norms, l2_norm_clip.clip_norms, finite=ops.isfinite(losses))
+    else:
+        norms = norms[0]
+        factors = dp_math.clip_factors(norms, l2_norm_clip,
+                                       finite=ops.isfinite(losses))[None]
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     # 5. The weighted sums.
-    summed = _weighted_sums(variables, blocks, reg_grads, factors)
+    summed = _weighted_sums(variables, blocks, reg_grads,
+                            [factors[g] for g in groups])
 
     if regularization is not None:
         losses = losses + ops.cast(regularization, losses.dtype)
@@ -358,12 +373,13 @@ def _norms(variables, blocks, reg_grads, batch_size):
     return ops.sqrt(ops.maximum(squared, 0.0))
 
 
-def _weighted_sums(variables, blocks, reg_grads, factors):
+def _weighted_sums(variables, blocks, reg_grads, factors_per_variable):
     """`sum_i factors_i grad_i` per variable (zeros without gradient), in
     float32 (the blocks compute in float32: their rules cast the recorded
-    tensors), whatever the variable's dtype."""
+    tensors), whatever the variable's dtype; each variable with its own
+    `[B]` factors (those of its clipping group)."""
     summed = []
-    for v in variables:
+    for v, factors in zip(variables, factors_per_variable):
         parts = [block.weighted_sum(factors) for block in blocks.get(id(v), [])]
         reg = reg_grads.get(id(v))
         if reg is not None:

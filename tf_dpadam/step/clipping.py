@@ -90,7 +90,8 @@ def clip_and_sum(per_example_grads: Sequence, l2_norm_clip,
 
     Args:
         per_example_grads: list of `[batch, ...]` tensors, one per variable.
-        l2_norm_clip: C.
+        l2_norm_clip: C, or a `dp_math.GroupClip` (per-layer clipping: each
+            group of variables clipped to its own C_l).
         mask: optional `[batch]` tensor of 0/1; rows with 0 (padding, absent
             examples) contribute nothing.
         finite: optional `[batch]` bool tensor; False rows (e.g. a NaN loss)
@@ -99,17 +100,39 @@ def clip_and_sum(per_example_grads: Sequence, l2_norm_clip,
     Returns:
         `(summed, norms)`: the list of float32 sums of clipped gradients and
         the per-example norms before clipping (NaN or inf for an example
-        whose gradient is not finite).
+        whose gradient is not finite); with a `GroupClip`, the norms are
+        per group, `[G, batch]`.
     """
-    norms = dp_math.per_example_global_norms(per_example_grads)
-    factors = dp_math.clip_factors(norms, l2_norm_clip, finite=finite)
+    if isinstance(l2_norm_clip, dp_math.GroupClip):
+        groups = l2_norm_clip.groups
+        norms = ops.stack([
+            dp_math.per_example_global_norms(
+                [g for g, group in zip(per_example_grads, groups)
+                 if group == index])
+            for index in range(l2_norm_clip.num_groups)
+        ])
+        factors = dp_math.group_clip_factors(
+            norms, l2_norm_clip.clip_norms, finite=finite)
+    else:
+        groups = [0] * len(per_example_grads)
+        norms = dp_math.per_example_global_norms(per_example_grads)
+        factors = dp_math.clip_factors(norms, l2_norm_clip,
+                                       finite=finite)[None]
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     summed = [
-        tf.tensordot(factors, ops.cast(g, "float32"), axes=[[0], [0]])
-        for g in per_example_grads
+        tf.tensordot(factors[group], ops.cast(g, "float32"), axes=[[0], [0]])
+        for g, group in zip(per_example_grads, groups)
     ]
     return summed, norms
+
+
+def global_norms(norms) -> tf.Tensor:
+    """`[B]` global norms from `clip_and_sum`'s norms (`dp_math.global_norms`)."""
+    return dp_math.global_norms(norms)
+
+
+GroupClip = dp_math.GroupClip
 
 
 def all_finite(tensors: Sequence) -> tf.Tensor:

@@ -53,7 +53,8 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
 
     Args:
         grads: list of tensors.
-        stddev: sigma * C (a Python number).
+        stddev: sigma * C (a Python number, or a scalar tensor when C
+            moves under adaptive clipping).
         seed: a `[2]` integer seed, split into one independent seed per
             tensor (`NoiseSeeds.next` gives one per step).
         share: multiplies the noise; under `tf.distribute` it is 1 on one
@@ -67,7 +68,7 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
         cast to float32.
     """
     grads = [ops.cast(g, "float32") for g in grads]
-    if stddev == 0:
+    if not tf.is_tensor(stddev) and stddev == 0:
         return grads
     # Never the same seed twice: equal-shaped tensors would get equal noise.
     seeds = tf.unstack(tf.random.experimental.stateless_split(
@@ -79,6 +80,14 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
         )
         for g, s in zip(grads, seeds)
     ]
+
+
+def split_seed(seed) -> tuple:
+    """Two independent `[2]` seeds from one (Philox): the gradient noise's
+    and, under adaptive clipping, the count's."""
+    first, second = tf.unstack(tf.random.experimental.stateless_split(
+        tf.cast(seed, tf.int64), num=2, alg="philox"))
+    return first, second
 
 
 def scale(grads: Sequence, denominator) -> list:

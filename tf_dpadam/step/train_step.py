@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import adaptive_clipping
 from tf_dpadam import augmentation
 from tf_dpadam import compat
 from tf_dpadam import ghost_clipping
@@ -68,10 +69,18 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = ()) -> dict:
     # Phases 1 and 2: per-example gradients, clipped and summed (in
     # float32; an example with a NaN or infinite gradient or loss
     # contributes nothing, counted by the diagnostics only).
+    # With per-layer clipping, one clip norm per group of variables.
+    clip = update_lib.clip_for_sum(optimizer, hooks)
     summed, norms, losses, y_pred = clipped_sum(
         model, x, y, sample_weight, present,
-        update_lib.clip_norm(config, hooks),
+        clipping.GroupClip.of(clip, optimizer.variable_groups()),
     )
+    # Adaptive clipping: each group's count of unclipped examples.
+    unclipped = None
+    if optimizer.adaptive_clipping is not None:
+        unclipped = adaptive_clipping.shifted_unclipped_counts(
+            ops.reshape(norms, (-1, ops.shape(present)[0])), clip, present)
+    norms = clipping.global_norms(norms)
     for hook in hooks:
         hook.after_clipping(norms, losses, present)
 
@@ -79,7 +88,7 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = ()) -> dict:
     update_lib.apply_clipped_sum(
         update_lib.Update(optimizer, variables, noise_seeds, tuple(hooks),
                           model.secure_mode),
-        summed, ops.sum(present),
+        summed, ops.sum(present), unclipped,
     )
 
     compile_loss = compat.compile_loss(model)
@@ -207,7 +216,8 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
 
     def recompute():
         (x2, y2, w2), present2 = clipping.without_non_finite(
-            (x, y, sample_weight), present, norms, losses, model.augmult)
+            (x, y, sample_weight), present, clipping.global_norms(norms),
+            losses, model.augmult)
         return tf.cond(
             tf.reduce_any(present2 > 0),
             lambda: clipped_sum_by_mode(

@@ -33,6 +33,7 @@ from typing import Sequence
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam import adaptive_clipping
 from tf_dpadam.step import noise
 from tf_dpadam.step import replicas
 
@@ -55,33 +56,55 @@ class Update:
     secure_mode: bool = False
 
 
-def clip_norm(config, hooks) -> float:
-    """C, unless a hook (an audit test's deliberate break) changes it."""
-    l2_norm_clip = config.l2_norm_clip
+def clip_norm(optimizer, hooks):
+    """The total C of this step (sqrt(sum_l C_l^2) with per-layer
+    clipping; a tensor under adaptive clipping), unless a hook (an audit
+    test's deliberate break) changes it."""
+    l2_norm_clip = optimizer.total_clip_norm()
     for hook in hooks:
         l2_norm_clip = hook.clip_norm(l2_norm_clip)
     return l2_norm_clip
 
 
-def apply_clipped_sum(update: Update, summed: list, count) -> None:
+def clip_for_sum(optimizer, hooks):
+    """What phases 1 and 2 clip to: C (flat clipping), or the `[G]` clip
+    norms of the groups (per-layer clipping), after the hooks."""
+    if optimizer.variable_groups() is None:
+        return clip_norm(optimizer, hooks)
+    clips = optimizer.clip_norms()
+    for hook in hooks:
+        clips = hook.clip_norm(clips)
+    return clips
+
+
+def apply_clipped_sum(update: Update, summed: list, count,
+                      unclipped=None) -> None:
     """Phases 3 to 5 for a batch's clipped sums and example count (this
-    replica's), with accumulation and replicas as the module docstring says."""
+    replica's), with accumulation and replicas as the module docstring says.
+    With adaptive clipping, `unclipped` holds the batch's shifted counts of
+    unclipped examples per group (`adaptive_clipping`), which travel with
+    the sums and are noised once per logical step."""
     accumulator = update.optimizer.dp_accumulator  # None unless k > 1
     if accumulator is None:
         if replicas.num_replicas() > 1:
-            summed, count = replicas.sum_over_replicas((summed, count))
-        noise_scale_apply(update, summed, count)
+            extra = () if unclipped is None else (unclipped,)
+            summed, count, *extra = replicas.sum_over_replicas(
+                (summed, count, *extra))
+            unclipped = extra[0] if extra else None
+        noise_scale_apply(update, summed, count, unclipped)
     elif not tf.distribute.has_strategy():
-        accumulator.add(summed, count)
+        accumulator.add(summed, count, unclipped)
 
         def logical_step():
-            noise_scale_apply(update, *accumulator.totals())
+            total = (None if accumulator.unclipped is None
+                     else accumulator.unclipped.value)
+            noise_scale_apply(update, *accumulator.totals(), total)
             accumulator.clear()
             return ops.zeros(())
 
         ops.cond(accumulator.advance(), logical_step, lambda: ops.zeros(()))
     else:
-        accumulator.add(summed, count)
+        accumulator.add(summed, count, unclipped)
 
         def merge_fn(strategy):
             def logical_step():
@@ -95,16 +118,19 @@ def apply_clipped_sum(update: Update, summed: list, count) -> None:
         replicas.merge(merge_fn)
 
 
-def noise_scale_apply(update: Update, summed: list, count) -> None:
+def noise_scale_apply(update: Update, summed: list, count,
+                      unclipped=None) -> None:
     """Noise once, divide by B, apply.
 
     `summed` is the clipped sum over all examples of the (logical) step
-    and all replicas, the same on every replica; `count` their number.
+    and all replicas, the same on every replica; `count` their number;
+    `unclipped` (adaptive clipping) their shifted counts of unclipped
+    examples, noised here too.
     """
     optimizer = update.optimizer
     config = optimizer.dp_config
     hooks = update.hooks
-    l2_norm_clip = clip_norm(config, hooks)
+    l2_norm_clip = clip_norm(optimizer, hooks)
     for hook in hooks:
         # Gradient canaries: extra examples, clipped like the others.
         summed, count = hook.add_to_sum(summed, count, update.variables,
@@ -113,20 +139,33 @@ def noise_scale_apply(update: Update, summed: list, count) -> None:
     for hook in hooks:
         if hook.observes_clean_sum:
             hook.before_noise(summed, denominator)
-    noise_stddev = config.noise_stddev
+    noise_stddev = optimizer.gradient_noise_stddev()
     for hook in hooks:
         noise_stddev = hook.noise_stddev(noise_stddev)
+    seed = update.noise_seeds.next(optimizer.iterations)
+    fraction = None
+    if unclipped is not None:
+        seed, count_seed = noise.split_seed(seed)
+        # Drawn on the first replica and summed over the replicas, so that
+        # every replica moves C by the same privatized fraction.
+        count_noise = replicas.sum_over_replicas(
+            replicas.first_replica_share() * noise.gaussian(
+                ops.shape(unclipped), optimizer.clipped_count_stddev(),
+                "float32", count_seed, secure_mode=update.secure_mode))
+        fraction = adaptive_clipping.unclipped_fraction(
+            unclipped + count_noise, denominator)
     noised = noise.add_noise(
         replicas.replica_share(summed),
         noise_stddev,
-        update.noise_seeds.next(optimizer.iterations),
+        seed,
         share=replicas.first_replica_share(),
         secure_mode=update.secure_mode,
     )
     private_grads = noise.scale(noised, denominator)
     for hook in hooks:
         hook.after_noise(private_grads, update.variables)
-    optimizer.apply_private(private_grads, update.variables, denominator)
+    optimizer.apply_private(private_grads, update.variables, denominator,
+                            fraction)
 
 
 def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
@@ -144,20 +183,33 @@ def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
         if not hook.supports_replica_accumulation:
             raise ValueError(hook.replica_accumulation_error())
     seed = update.noise_seeds.next(optimizer.iterations)
+    num_sums = len(accumulator.sums)
+    adaptive = accumulator.unclipped is not None
+    if adaptive:
+        seed, count_seed = noise.split_seed(seed)
 
     def add_noise(values):
         noised = noise.add_noise(
-            values[:-1], config.noise_stddev, seed,
+            values[:num_sums], optimizer.gradient_noise_stddev(), seed,
             secure_mode=update.secure_mode,
         )
-        return noised + [values[-1]]
+        rest = values[num_sums:]
+        if adaptive:  # [count, unclipped counts]: one draw, here only.
+            rest[1] = rest[1] + noise.gaussian(
+                ops.shape(rest[1]), optimizer.clipped_count_stddev(),
+                "float32", count_seed, secure_mode=update.secure_mode)
+        return noised + rest
 
     sums = list(accumulator.sums)
     reduced = replicas.sum_replica_copies(
-        strategy, sums + [accumulator.count], first_replica=add_noise
+        strategy, accumulator.state(), first_replica=add_noise
     )
-    noised, total = reduced[:-1], reduced[-1]
+    noised, total = reduced[:num_sums], reduced[num_sums]
     denominator = config.denominator(total)
+    fraction = None
+    if adaptive:
+        fraction = adaptive_clipping.unclipped_fraction(
+            reduced[num_sums + 1], denominator)
     observers = [hook for hook in update.hooks if hook.observes_clean_sum]
     if observers:
         # The clean sum needs an all-reduce of its own (research only).
@@ -165,5 +217,6 @@ def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
         for hook in observers:
             hook.before_noise(clean, denominator)
     optimizer.apply_private(
-        noise.scale(noised, denominator), update.variables, denominator
+        noise.scale(noised, denominator), update.variables, denominator,
+        fraction,
     )
