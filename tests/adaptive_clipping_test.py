@@ -171,8 +171,14 @@ class MathTest(parameterized.TestCase):
 
 class LockstepTest(parameterized.TestCase):
 
-    @parameterized.parameters("ghost", "vectorized")
-    def test_clip_norm_follows_numpy(self, clipping):
+    def test_clip_norm_follows_numpy_ghost(self):
+        self.check_clip_norm_follows_numpy("ghost")
+
+    @pytest.mark.slow
+    def test_clip_norm_follows_numpy_vectorized(self):
+        self.check_clip_norm_follows_numpy("vectorized")
+
+    def check_clip_norm_follows_numpy(self, clipping):
         norms = log_uniform_norms(96, 0.1, 10.0, seed=1)
         x = examples_with_norms(norms)
         got, _ = fit_and_trace(linear_model(), x, 16, 2, clipping=clipping,
@@ -182,6 +188,7 @@ class LockstepTest(parameterized.TestCase):
         want = reference_clips(norms[None], [0.05], 16, 12, 0.3, 0.4)
         np.testing.assert_allclose(got, want, rtol=2e-5)
 
+    @pytest.mark.slow
     def test_per_group_clip_norms_follow_numpy(self):
         norms_a = log_uniform_norms(64, 0.01, 1.0, seed=2)
         norms_b = log_uniform_norms(64, 1.0, 100.0, seed=3)
@@ -197,6 +204,7 @@ class LockstepTest(parameterized.TestCase):
                                16, 0.6, 0.2)
         np.testing.assert_allclose(got, want, rtol=2e-5)
 
+    @pytest.mark.slow
     def test_accumulation_moves_c_once_per_logical_step(self):
         norms = log_uniform_norms(64, 0.1, 10.0, seed=6)
         x = examples_with_norms(norms)
@@ -232,6 +240,7 @@ class ConvergenceTest(parameterized.TestCase):
         self.assertGreater(abs(math.log(got[0, 0] / target)), math.log(50))
 
 
+@pytest.mark.slow
 class CountNoiseTest(absltest.TestCase):
 
     def test_the_count_noise_has_std_sigma_b_over_b(self):
@@ -250,6 +259,7 @@ class CountNoiseTest(absltest.TestCase):
         self.assertAlmostEqual(fractions.std() / (sb / b), 1.0, delta=0.15)
 
 
+@pytest.mark.slow
 class SensitivityTest(parameterized.TestCase):
     """The step's two releases together move by at most 1 / z (one
     Gaussian query of multiplier z), exactly 1 / z for an example clipped
@@ -372,6 +382,7 @@ class MovingPhiTest(absltest.TestCase):
         self.assertGreater(v_hat / todays, 10.0)
 
 
+@pytest.mark.slow
 class ResumeTest(absltest.TestCase):
 
     def test_c_is_saved_and_restored(self):

@@ -81,6 +81,7 @@ def test_gradient_canaries_add_exactly_their_clipped_gradient(
                                atol=1e-7)
 
 
+@pytest.mark.slow
 def test_gradient_canaries_follow_the_adaptive_clip_norm():
     # Adaptive clipping (noise-free): each sampled canary adds its norm
     # (3 C_t) clipped to the step's C_t, so over two steps a canary's

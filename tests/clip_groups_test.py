@@ -6,6 +6,7 @@ import warnings
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -86,14 +87,15 @@ def cnn(seed=0):
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+@pytest.mark.slow
 class BruteForceTest(parameterized.TestCase):
     """Against one-example `GradientTape`s, each group clipped by hand."""
 
     @parameterized.product(
-        clipping=["ghost", "vectorized"],
+        clipping=["ghost", "vectorized"], jit=[False, True],
         spec=[("per_layer", 0.9), ("mapping", {"conv": 0.05, "hidden": 0.3,
                                                 "head": 2.0})])
-    def test_clipped_sum_matches_explicit_group_clipping(self, clipping,
+    def test_clipped_sum_matches_explicit_group_clipping(self, clipping, jit,
                                                          spec):
         rng = np.random.default_rng(0)
         x = rng.normal(size=(5, 6, 6, 2)).astype("float32") * 3
@@ -107,7 +109,7 @@ class BruteForceTest(parameterized.TestCase):
         opt = tf_dpadam.DPSGD(l2_norm_clip=value, noise_multiplier=0.0,
                               batch_size=1, learning_rate=0.0,
                               per_layer_clipping=kind == "per_layer")
-        private.compile(optimizer=opt, loss=LOSS)
+        private.compile(optimizer=opt, loss=LOSS, jit_compile=jit)
         private.train_on_batch(x, y)
         got = [np.asarray(g, "float64") for g in private.clean_gradients]
 

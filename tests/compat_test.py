@@ -10,6 +10,20 @@ from tf_dpadam import compat
 
 class CompatTest(absltest.TestCase):
 
+    def test_rebuildable_is_sequential_or_functional(self):
+        inputs = keras.Input((3,))
+        functional = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+        sequential = keras.Sequential([keras.Input((3,)),
+                                       keras.layers.Dense(2)])
+
+        class Subclassed(keras.Model):
+            def call(self, x):
+                return x
+
+        self.assertTrue(compat.rebuildable(functional))
+        self.assertTrue(compat.rebuildable(sequential))
+        self.assertFalse(compat.rebuildable(Subclassed()))
+
     def test_the_vectorizer_registry_is_found(self):
         registry, wrap = compat.pfor_converter_registry()
         self.assertIn("BatchMatMulV2", registry)

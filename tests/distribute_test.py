@@ -26,7 +26,7 @@ class DistributeTest(absltest.TestCase):
         script = os.path.join(os.path.dirname(__file__), "distribute_check.py")
         run = subprocess.run(
             [sys.executable, script, str(_REPLICAS)],
-            capture_output=True, text=True, timeout=600, check=False,
+            capture_output=True, text=True, timeout=1200, check=False,
         )
         lines = [l for l in run.stdout.splitlines() if l.startswith("RESULT ")]
         if run.returncode != 0 or not lines:

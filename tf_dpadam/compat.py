@@ -50,6 +50,13 @@ def direct_sublayers(layer):
     return layer._layers
 
 
+def rebuildable(model):
+    """Whether `keras.models.clone_model` can rebuild `model` layer by layer
+    (a Sequential or functional model, not a subclassed one)."""
+    from keras.src.models.functional import Functional
+    return isinstance(model, (keras.Sequential, Functional))
+
+
 def own_variables(layer):
     """The variables `layer` creates itself (not its sublayers')."""
     return (list(layer._trainable_variables)

@@ -206,13 +206,11 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     ])
     # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
     # is NaN or infinite.
-    if grouped:
-        factors = dp_math.group_clip_factors(
-            norms, l2_norm_clip.clip_norms, finite=ops.isfinite(losses))
-    else:
-        norms = norms[0]
-        factors = dp_math.clip_factors(norms, l2_norm_clip,
-                                       finite=ops.isfinite(losses))[None]
+    finite = ops.isfinite(losses)
+    norms = norms if grouped else norms[0]
+    factors = (dp_math.group_clip_factors(norms, l2_norm_clip.clip_norms,
+                                          finite=finite) if grouped else
+               dp_math.clip_factors(norms, l2_norm_clip, finite=finite)[None])
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     # 5. The weighted sums.
