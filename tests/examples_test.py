@@ -76,8 +76,9 @@ class StaticTest(absltest.TestCase):
 
     def test_the_scripts_are_there(self):
         self.assertEqual([p.name for p in SCRIPTS],
-                         ["audit.py", "multi_worker.py", "train_image.py",
-                          "train_text.py"])
+                         ["audit.py", "finetune_applications.py",
+                          "membership.py", "multi_worker.py",
+                          "train_image.py", "train_text.py"])
         self.assertTrue((EXAMPLES / "__init__.py").exists())
         self.assertTrue((EXAMPLES / "tpu_colab.ipynb").exists())
 
@@ -215,6 +216,26 @@ class MultiWorkerTest(absltest.TestCase):
         self.assertAlmostEqual(float(results[0][2]),
                                pld_epsilon(2, 4096, 256, 0.52, 1e-5),
                                delta=5e-4)
+
+
+@absltest.skipUnless(os.path.isdir(FASHION_MNIST), "needs Debian's files")
+class FinetuneApplicationsTest(absltest.TestCase):
+
+    def test_fix_and_one_adaptive_step_of_mobilenet_v2(self):
+        stdout, _ = run("finetune_applications", "--weights=none",
+                        "--max_examples=256", "--test_examples=64",
+                        "--batch_size=16", "--max_steps=1")
+        steps, epsilon, _ = _result(self, stdout)
+        self.assertEqual(steps, 1)
+        self.assertAlmostEqual(epsilon, pld_epsilon(1, 256, 16, 1.0, 1e-5),
+                               delta=5e-4)
+        # validate found the BatchNormalization layers, fix repaired them,
+        # ghost clipping ran, and adaptive clipping moved C from 10.
+        problems = int(re.search(r"validate: (\d+) problems", stdout)[1])
+        self.assertGreater(problems, 10)
+        moved = re.search(r"clipping: (\w+); C went from 10 to (\S+)", stdout)
+        self.assertEqual(moved[1], "ghost")
+        self.assertNotAlmostEqual(float(moved[2]), 10.0, places=3)
 
 
 @absltest.skipUnless(SST2.is_dir(), "needs the SST-2 files")

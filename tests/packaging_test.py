@@ -38,6 +38,7 @@ PUBLIC_PACKAGES = (
     "tf_dpadam.diagnostics",
     "tf_dpadam.ghost_clipping",
     "tf_dpadam.independence",
+    "tf_dpadam.membership",
 )
 
 # (module, names): public functions and classes whose signatures must be

@@ -1,8 +1,12 @@
 """tf_dpadam: differentially private Keras 3 training with bias-corrected DP-Adam.
 
 The public API (`__all__`): the three DP optimizers (`DPSGD`, `DPAdam`,
-`DPAdamCorrected`, with their hyperparameters in `DPConfig`), `make_private`
-and `PrivateModel` (per-example clipping in the train step), the privacy
+`DPAdamCorrected`, with their hyperparameters in `DPConfig`; the modules
+`adaptive_clipping` and `clip_groups` explain their adaptive and per-layer
+clipping), `make_private`
+and `PrivateModel` (per-example clipping in the train step), `validate`
+and `fix` (what `make_private` would refuse in a model, as `Problem`s, and
+a copy without BatchNormalization problems), the privacy
 accounting (`epsilon_after_steps`, `calibrate_steps`,
 `calibrate_noise_multiplier`, `compute_dp_sgd_privacy`,
 `compute_dp_sgd_privacy_statement`, and the `accounting` package),
@@ -11,14 +15,18 @@ accounting (`epsilon_after_steps`, `calibrate_steps`,
 (Poisson batches), `sharding` (multi-worker), `layers`, `run_dir`
 (resumable runs that never misstate epsilon), `audit` and `diagnostics`;
 `StepHooks`, the interface through which the audit and diagnostics observe
-the private train step.
+the private train step; and `membership` (membership inference attacks on a
+trained model: scores, ROC, LiRA).
 """
 
 from tf_dpadam import accounting
+from tf_dpadam import adaptive_clipping
 from tf_dpadam import audit
+from tf_dpadam import clip_groups
 from tf_dpadam import data
 from tf_dpadam import diagnostics
 from tf_dpadam import layers
+from tf_dpadam import membership
 from tf_dpadam import run_dir
 from tf_dpadam import sharding
 from tf_dpadam.accounting import calibrate_noise_multiplier
@@ -30,6 +38,9 @@ from tf_dpadam.callbacks import PrivacyBudget
 from tf_dpadam.diagnostics import MomentDiagnostics
 from tf_dpadam.gradient_norms import per_example_gradient_norms
 from tf_dpadam.dp_math import DPConfig
+from tf_dpadam.fixer import fix
+from tf_dpadam.fixer import Problem
+from tf_dpadam.fixer import validate
 from tf_dpadam.optimizers import DPAdam
 from tf_dpadam.optimizers import DPAdamCorrected
 from tf_dpadam.optimizers import DPSGD
@@ -47,6 +58,9 @@ __all__ = [
     # The private model.
     "PrivateModel",
     "make_private",
+    "Problem",
+    "fix",
+    "validate",
     "per_example_gradient_norms",
     "StepHooks",
     # Accounting.
@@ -60,10 +74,13 @@ __all__ = [
     "MomentDiagnostics",
     # Modules.
     "accounting",
+    "adaptive_clipping",
     "audit",
+    "clip_groups",
     "data",
     "diagnostics",
     "layers",
+    "membership",
     "run_dir",
     "sharding",
 ]

@@ -131,6 +131,12 @@ EXTRAS = {
             "//tf_dpadam:py.typed",
         ],
     },
+    "tests/membership_roc_test.py": {
+        "deps": {"@pypi//scikit_learn": "The independent ROC reference."},
+    },
+    "tests/membership_plot_test.py": {
+        "deps": {"@pypi//matplotlib": "The library's optional plotting."},
+    },
     "tests/diagnostics_report_test.py": {
         "data": ["testdata/golden/MOMENT_SUMMARY_*.md"],
         "deps": {"@pypi//matplotlib": "The library's optional plotting."},
