@@ -34,7 +34,8 @@ flags.DEFINE_integer("steps", 719, "Steps (epsilon 7 with RDP).")
 flags.DEFINE_float("learning_rate", 1e-3, "DP-AdamBC's tuned lr.")
 flags.DEFINE_string("output", "research/run_records/adaptive_clipping.json",
                     "Results (JSON).")
-flags.DEFINE_string("report", None, "Write the Markdown page here and exit.")
+flags.DEFINE_string("report", None, "Write the Markdown table here (and the"
+                    " plot of C beside it, .png) and exit.")
 flags.DEFINE_string("data_dir", None, "Fashion-MNIST's folder.")
 FLAGS = flags.FLAGS
 
@@ -108,12 +109,32 @@ def report(results):
         "|---|---|---|---|---|---|", *rows])
 
 
+def plot(results, path):
+    """C against the step (log scale), one line per adaptive run (PNG)."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+    figure, axes = pyplot.subplots(figsize=(6, 3.5))
+    for r in results:
+        if r["adaptive"] and r["clips"]:
+            steps, clips = zip(*([(0, r["initial_clip"])] + r["clips"]))
+            axes.plot(steps, clips, label=f"C_0 = {r['initial_clip']:g},"
+                      f" seed {r['seed']}")
+    axes.axhline(1.0, color="black", linestyle=":", label="tuned fixed C")
+    axes.set(yscale="log", xlabel="step", ylabel="C",
+             title="Adaptive clipping (gamma = 0.5), paper CNN, Fashion-MNIST")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
 def main(argv):
     del argv
     results = read(FLAGS.output)
     if FLAGS.report:
         with open(FLAGS.report, "w") as f:
             f.write(report(results) + "\n")
+        plot(results, os.path.splitext(FLAGS.report)[0] + ".png")
         return
     train, test = datasets.load_image_dataset("fashion_mnist", FLAGS.data_dir)
     plan = [(float(c), True) for c in FLAGS.initial_clips]

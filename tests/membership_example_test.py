@@ -16,23 +16,14 @@ import subprocess
 import sys
 import tempfile
 
-import dp_accounting
 import pytest
+
+from tests import examples_test
 
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-
-
-def pld_epsilon(steps, num_examples, batch_size, sigma, delta=1e-5):
-    accountant = dp_accounting.pld.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-        value_discretization_interval=1e-3)
-    accountant.compose(dp_accounting.PoissonSampledDpEvent(
-        batch_size / num_examples, dp_accounting.GaussianDpEvent(sigma)),
-        steps)
-    return accountant.get_epsilon(delta)
 
 
 @pytest.mark.skipif(not os.path.isdir(FASHION_MNIST),
@@ -54,8 +45,9 @@ def test_a_capped_run():
     assert [row[0] for row in rows] == ["DP, ε = 7"], done.stdout
     sigma = float(rows[0][1])
     steps = 4  # ceil(1 epoch * 128 / 32).
-    assert pld_epsilon(steps, 128, 32, sigma + 0.005) <= 7.0
-    assert pld_epsilon(steps, 128, 32, (sigma - 0.005) / 1.01) > 7.0
+    pld_epsilon = examples_test.pld_epsilon
+    assert pld_epsilon(steps, 128, 32, sigma + 0.005, 1e-5) <= 7.0
+    assert pld_epsilon(steps, 128, 32, (sigma - 0.005) / 1.01, 1e-5) > 7.0
     for row in rows:
         auc = float(row[3].split("|")[0])
         assert 0.0 <= auc <= 1.0

@@ -49,6 +49,8 @@ class ReportTest(absltest.TestCase):
             self.assertIn("| adaptive | 0.01 | 1 | 80.00 ± 0.00 |", f.read())
         with open(output) as f:
             self.assertLen(json.load(f), 1)  # nothing trained
+        self.assertGreater(os.path.getsize(os.path.join(folder, "page.png")),
+                           1000)
 
 
 if __name__ == "__main__":
