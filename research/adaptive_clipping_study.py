@@ -78,6 +78,8 @@ def train_one(train, test, seed, clip, adaptive):
         delta=DELTA, accountant="rdp", batch_size=BATCH,
         noise_multiplier=SIGMA)
     return dict(seed=seed, initial_clip=clip, adaptive=adaptive,
+                target_unclipped_quantile=FLAGS.target_unclipped_quantile,
+                clip_learning_rate=FLAGS.clip_learning_rate,
                 accuracy=float(accuracy), epsilon=float(epsilon),
                 steps=int(model.optimizer.iterations.numpy()),
                 final_clip=float(model.optimizer.l2_norm_clip),

@@ -7,6 +7,7 @@ import os
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # As tests/conftest.py.
 
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
