@@ -162,6 +162,9 @@ class MathTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "clipped_count_stddev"):
             tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0,
                             batch_size=100, clipped_count_stddev=5.0)
+        with self.assertRaisesRegex(ValueError, "clip_learning_rate"):
+            tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0,
+                            batch_size=100, clip_learning_rate=0.5)
         # The paper's default sigma_b = B / 20.
         opt = tf_dpadam.DPAdamCorrected(
             l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=256,

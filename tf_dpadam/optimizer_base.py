@@ -65,10 +65,12 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                 target_unclipped_quantile=target_unclipped_quantile,
                 clip_learning_rate=clip_learning_rate,
                 clipped_count_stddev=clipped_count_stddev)
-        elif clipped_count_stddev is not None:
+        elif (clipped_count_stddev is not None or clip_learning_rate
+              != adaptive_clipping.DEFAULT_CLIP_LEARNING_RATE):
             raise ValueError(
-                f"Expected clipped_count_stddev={clipped_count_stddev!r} to"
-                " be None without target_unclipped_quantile (adaptive"
+                f"Expected clipped_count_stddev={clipped_count_stddev!r} and"
+                f" clip_learning_rate={clip_learning_rate!r} to keep their"
+                " defaults without target_unclipped_quantile (adaptive"
                 " clipping is off).")
         mapping = isinstance(l2_norm_clip, Mapping)
         dp_config = dp_math.DPConfig(
