@@ -25,18 +25,24 @@ import tf_dpadam
 from research import datasets
 from research import models
 
-flags.DEFINE_list("initial_clips", ["0.01", "100"], "Adaptive runs' C_0.")
-flags.DEFINE_float("fixed_clip", 1.0, "The tuned fixed C (0: none).")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialization seeds.")
-flags.DEFINE_float("target_unclipped_quantile", 0.5, "gamma.")
-flags.DEFINE_float("clip_learning_rate", 0.2, "eta.")
-flags.DEFINE_integer("steps", 719, "Steps (epsilon 7 with RDP).")
-flags.DEFINE_float("learning_rate", 1e-3, "DP-AdamBC's tuned lr.")
-flags.DEFINE_string("output", "research/run_records/adaptive_clipping.json",
-                    "Results (JSON).")
-flags.DEFINE_string("report", None, "Write the Markdown table here (and the"
-                    " plot of C beside it, .png) and exit.")
-flags.DEFINE_string("data_dir", None, "Fashion-MNIST's folder.")
+
+def define_flags():
+    """The study's flags: defined by the binary only, so that importing this
+    module (its test does) leaves the shared training flags' names free."""
+    flags.DEFINE_list("initial_clips", ["0.01", "100"], "Adaptive runs' C_0.")
+    flags.DEFINE_float("fixed_clip", 1.0, "The tuned fixed C (0: none).")
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "Initialization seeds.")
+    flags.DEFINE_float("target_unclipped_quantile", 0.5, "gamma.")
+    flags.DEFINE_float("clip_learning_rate", 0.2, "eta.")
+    flags.DEFINE_integer("steps", 719, "Steps (epsilon 7 with RDP).")
+    flags.DEFINE_float("learning_rate", 1e-3, "DP-AdamBC's tuned lr.")
+    flags.DEFINE_string("output", "research/run_records/adaptive_clipping.json",
+                        "Results (JSON).")
+    flags.DEFINE_string("report", None, "Write the Markdown table here (and the"
+                        " plot of C beside it, .png) and exit.")
+    flags.DEFINE_string("data_dir", None, "Fashion-MNIST's folder.")
+
+
 FLAGS = flags.FLAGS
 
 SIGMA, BATCH, DELTA = 0.52, 256, 1e-5
@@ -157,4 +163,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
