@@ -57,10 +57,26 @@ def private_probe(model, loss, l2_norm_clip, clipping="auto",
     return private
 
 
-def remove_one_sensitivity(model, loss, x, y, l2_norm_clip, *,
-                           sample_weight=None, removed=(0, 1, 2),
-                           clipping="auto", jit_compile=False,
-                           **make_private_kwargs):
+def remove_one_sums(model, loss, x, y, l2_norm_clip, *, sample_weight=None,
+                    removed=(0, 1, 2), clipping="auto", jit_compile=False,
+                    **make_private_kwargs):
+    """`(S(D), [S(D without j) for j in removed])` as float64 arrays.
+
+    The arguments are those of `remove_one_sensitivity`.
+    """
+    private = private_probe(model, loss, l2_norm_clip, clipping=clipping,
+                            jit_compile=jit_compile, **make_private_kwargs)
+    full = clipped_sum(private, x, y, sample_weight)
+    n = len(keras.tree.flatten(x)[0])
+    withouts = []
+    for j in removed:
+        keep = np.array([i != j for i in range(n)])
+        withouts.append(clipped_sum(private, _rows(x, keep), _rows(y, keep),
+                                    _rows(sample_weight, keep)))
+    return full, withouts
+
+
+def remove_one_sensitivity(model, loss, x, y, l2_norm_clip, **kwargs):
     """max over j in `removed` of ||S(D) - S(D without j)|| / C.
 
     Must be <= 1 (to float32 rounding) for the guarantee to hold.
@@ -68,23 +84,18 @@ def remove_one_sensitivity(model, loss, x, y, l2_norm_clip, *,
     Args:
         model: an unwrapped Keras model (it is made private here).
         loss: the compiled loss.
-        x, y, sample_weight: the batch D (NumPy arrays or structures).
+        x, y: the batch D (NumPy arrays or structures).
         l2_norm_clip: C.
-        removed: the rows j to remove, one at a time.
-        clipping, jit_compile: the private step's path.
-        **make_private_kwargs: passed on to `make_private`.
+        **kwargs: `remove_one_sums`' keyword arguments: `sample_weight`
+            (part of D), `removed` (the rows j to remove, one at a time),
+            `clipping` and `jit_compile` (the private step's path), and
+            the rest is passed on to `make_private`.
 
     Returns:
         `(sensitivity, full_sum)`: the ratio and S(D) as float64 arrays.
     """
-    private = private_probe(model, loss, l2_norm_clip, clipping=clipping,
-                            jit_compile=jit_compile, **make_private_kwargs)
-    full = clipped_sum(private, x, y, sample_weight)
-    n = len(keras.tree.flatten(x)[0])
-    worst = 0.0
-    for j in removed:
-        keep = np.array([i != j for i in range(n)])
-        without = clipped_sum(private, _rows(x, keep), _rows(y, keep),
-                              _rows(sample_weight, keep))
-        worst = max(worst, distance(full, without) / l2_norm_clip)
+    full, withouts = remove_one_sums(model, loss, x, y, l2_norm_clip,
+                                     **kwargs)
+    worst = max((distance(full, w) / l2_norm_clip for w in withouts),
+                default=0.0)
     return worst, full
