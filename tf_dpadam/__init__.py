@@ -1,7 +1,8 @@
 """tf_dpadam: differentially private Keras 3 training with bias-corrected DP-Adam.
 
-The public API (`__all__`): the three DP optimizers (`DPSGD`, `DPAdam`,
-`DPAdamCorrected`, with their hyperparameters in `DPConfig`; the modules
+The public API (`__all__`): the DP optimizers (`DPSGD`, `DPAdam`,
+`DPAdamCorrected`, and the 2024-2025 adaptive ones `DPAdamScaleThenPrivatize`
+and `DPAdamDiSK`, with their hyperparameters in `DPConfig`; the modules
 `adaptive_clipping` and `clip_groups` explain their adaptive and per-layer
 clipping), `make_private`
 and `PrivateModel` (per-example clipping in the train step), `validate`
@@ -36,6 +37,7 @@ from tf_dpadam.accounting import compute_dp_sgd_privacy_statement
 from tf_dpadam.accounting import epsilon_after_steps
 from tf_dpadam.callbacks import PrivacyBudget
 from tf_dpadam.diagnostics import MomentDiagnostics
+from tf_dpadam.disk import DPAdamDiSK
 from tf_dpadam.gradient_norms import per_example_gradient_norms
 from tf_dpadam.dp_math import DPConfig
 from tf_dpadam.fixer import fix
@@ -46,6 +48,7 @@ from tf_dpadam.optimizers import DPAdamCorrected
 from tf_dpadam.optimizers import DPSGD
 from tf_dpadam.private_model import make_private
 from tf_dpadam.private_model import PrivateModel
+from tf_dpadam.scale_then_privatize import DPAdamScaleThenPrivatize
 from tf_dpadam.step.hooks import StepHooks
 from tf_dpadam.version import __version__
 
@@ -53,6 +56,8 @@ __all__ = [
     # Optimizers and their configuration.
     "DPAdam",
     "DPAdamCorrected",
+    "DPAdamDiSK",
+    "DPAdamScaleThenPrivatize",
     "DPConfig",
     "DPSGD",
     # The private model.

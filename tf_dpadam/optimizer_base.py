@@ -234,6 +234,13 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     def before_private_apply(self):
         """Runs before the update, after B is known (default: nothing)."""
 
+    def per_example_transform(self, variables):
+        """None, or the `preclip.PerExampleTransform` the step applies to
+        each example's gradient before clipping, for this step's weights
+        `variables` (default: None, the gradient itself)."""
+        del variables
+        return None
+
     def clip_norms(self):
         """C of each clipping group this step, a float32 `[G]` tensor (the
         moving clip norms with adaptive clipping)."""

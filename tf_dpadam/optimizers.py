@@ -50,7 +50,7 @@ _PHI_CHANGING_KWARGS = {
 }
 
 
-_DP_ARGS_DOC = """
+DP_ARGS_DOC = """
     Args:
         l2_norm_clip: C, each example's gradient is clipped to this global L2
             norm (over all trainable variables). Must be finite and > 0.
@@ -101,7 +101,7 @@ _POST_CLIP_DOC = """
 class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
     __doc__ = (
         "DP-SGD: Keras SGD (with optional momentum) on the privatized gradient."
-        "\n" + _DP_ARGS_DOC + "        Other arguments: as `keras.optimizers.SGD`.\n"
+        "\n" + DP_ARGS_DOC + "        Other arguments: as `keras.optimizers.SGD`.\n"
         + _POST_CLIP_DOC
     )
 
@@ -132,9 +132,13 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
 class _DPAdamBase(DPOptimizerMixin, keras.optimizers.Adam):
     """Shared constructor checks of the two DP Adams."""
 
+    def variable_index(self, variable):
+        """The index of `variable` in the per-variable optimizer state."""
+        return self._get_variable_index(variable)
+
     def moments(self, variable):
         """The first and second moment variables (m, v) of `variable`."""
-        index = self._get_variable_index(variable)
+        index = self.variable_index(variable)
         return self._momentums[index], self._velocities[index]
 
     @staticmethod
@@ -153,7 +157,7 @@ class DPAdam(_DPAdamBase):
         "    This is the paper's DP-Adam-Biased baseline and TF-Privacy's\n"
         "    `DPKerasAdamOptimizer`: the noise's Phi = (sigma C / B)^2 stays in\n"
         "    the second moment. `epsilon` is Keras Adam's (outside the root).\n"
-        + _DP_ARGS_DOC
+        + DP_ARGS_DOC
         + "        Other arguments: as `keras.optimizers.Adam`.\n"
         + _POST_CLIP_DOC
     )
@@ -213,7 +217,7 @@ class DPAdamCorrected(_DPAdamBase):
     is positive without noise). Gradients must be privatized per example by
     `tf_dpadam.make_private`; Phi assumes B is the public (expected) batch
     size.
-""" + _DP_ARGS_DOC + r"""        learning_rate: eta.
+""" + DP_ARGS_DOC + r"""        learning_rate: eta.
         beta_1, beta_2: Adam's decay rates, in [0, 1).
         epsilon: gamma' (inside the square root), or None for 0.04 * Phi.
         phi: None for the true (sigma C / B)^2, or a float >= 0 that replaces

@@ -60,13 +60,12 @@ PRIVACY_SETTINGS = {
 # Settings that follow from those (compared only if those agree, e.g. with a
 # checkpoint from before the ledger, which knows k but not the physical
 # batch size).
-DERIVED_SETTINGS = {
-    "accumulation_steps": "accumulation steps (--batch_size /"
-                          " --physical_batch_size)",
-}
+DERIVED_SETTINGS = {"accumulation_steps": "accumulation steps (--batch_size /"
+                                          " --physical_batch_size)"}
 # The --optimizer of each tf_dpadam optimizer class.
-OPTIMIZER_FLAGS = {"DPSGD": "dpsgd", "DPAdam": "dpadam",
-                   "DPAdamCorrected": "dpadam_corrected"}
+OPTIMIZER_FLAGS = {
+    "DPSGD": "dpsgd", "DPAdam": "dpadam", "DPAdamCorrected": "dpadam_corrected",
+    "DPAdamScaleThenPrivatize": "dpadam_stp", "DPAdamDiSK": "dpadam_disk"}
 
 Settings = dict[str, Any]
 Segment = dict[str, Any]

@@ -11,13 +11,14 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
+from tf_dpadam import preclip
 from tf_dpadam.step import clipping
 from tf_dpadam.step import replicas
 from tf_dpadam.ghost_clipping import per_example_loss
 
 
 def clipped_gradient_sum(model, x, y, sample_weight, l2_norm_clip,
-                         mask=None, group_size=1):
+                         mask=None, group_size=1, transform=None):
     """The sum of clipped per-example gradients of a compiled `model`.
 
     The same contract as `ghost_clipping.clipped_gradient_sum` with the
@@ -27,19 +28,38 @@ def clipped_gradient_sum(model, x, y, sample_weight, l2_norm_clip,
     regularization) and the batch's predictions (one row per row of `x`).
     An example whose gradient or loss is NaN or infinite contributes
     nothing (its norm is then NaN or inf).
+
+    With a `preclip.PerExampleTransform`, each example's gradient is
+    transformed before clipping (the optimizer's scales, or the combination
+    with its gradient at shifted weights, computed with the same dropout
+    masks); the norms and the sum are then those of the transformed
+    gradients.
     """
+    shifted = None
+    if transform is not None and transform.shifts is not None:
+        # First, without advancing the seed generators: both passes draw
+        # the same dropout masks.
+        shifted, shifted_losses, _ = per_example_gradients(
+            model, x, y, sample_weight, group_size=group_size,
+            shifts=transform.shifts, advance_seeds=False)
     grads, losses, y_pred = per_example_gradients(
         model, x, y, sample_weight, group_size=group_size
     )
+    finite = ops.isfinite(losses)
+    if transform is not None:
+        grads = preclip.transform_gradients(grads, transform, shifted)
+        if shifted is not None:
+            finite = ops.logical_and(finite, ops.isfinite(shifted_losses))
     # An example with a NaN or infinite loss contributes nothing, as one
     # with a non-finite gradient (`step.clipping.clip_and_sum`).
     summed, norms = clipping.clip_and_sum(
-        grads, l2_norm_clip, mask=mask, finite=ops.isfinite(losses)
+        grads, l2_norm_clip, mask=mask, finite=finite
     )
     return summed, norms, losses, y_pred
 
 
-def per_example_gradients(model, x, y, sample_weight, group_size=1):
+def per_example_gradients(model, x, y, sample_weight, group_size=1,
+                          shifts=None, advance_seeds=True):
     """`(grads, losses, y_pred)`: `[B, *shape]` per trainable variable.
 
     Each example's loss is the compiled loss (with regularization) on a
@@ -56,6 +76,11 @@ def per_example_gradients(model, x, y, sample_weight, group_size=1):
     batch, so losses added in call are those of that batch (Keras' activity
     regularizers average over it: the mean over the views); the weight
     regularization R is in once. Only B gradients are formed, not B K.
+
+    With `shifts` (one tensor per trainable variable), the gradients are
+    taken at the weights plus `shifts` (regularization included). With
+    `advance_seeds=False` the layers' seed generators are left where they
+    are, so that a second call draws the same dropout masks.
     """
     generators = compat.seed_generators(model)
     examples = (x, y, sample_weight)
@@ -72,11 +97,12 @@ def per_example_gradients(model, x, y, sample_weight, group_size=1):
         # the batch by the caller, not per example inside the map.
         grads, losses, (y_pred, advances) = clipping.per_example_gradients(
             lambda *example: _example_loss(model, generators, group_size,
-                                           *example),
+                                           shifts, *example),
             model.trainable_variables, (*examples, index),
         )
-    for generator, advance in zip(generators, advances):
-        generator.state.assign(generator.state.value + advance[0])
+    if advance_seeds:
+        for generator, advance in zip(generators, advances):
+            generator.state.assign(generator.state.value + advance[0])
     if group_size > 1:
         y_pred = tf.nest.map_structure(_ungroup, y_pred)
     return grads, losses, y_pred
@@ -97,26 +123,35 @@ def _ungroup(t):
     return tf.reshape(t, [-1, *rest])
 
 
-def _example_loss(model, generators, group_size, x, y, sample_weight, index):
+def _example_loss(model, generators, group_size, shifts, x, y, sample_weight,
+                  index):
     """The loss of one example (a batch of one, or of its `group_size`
-    views) and `(y_pred, advances)`."""
+    views) and `(y_pred, advances)`, at the weights plus `shifts` if
+    given."""
     # Inside the vectorized map a layer's seed state is the same for every
     # example, which would give all examples one dropout mask. Each
     # example reads its own state (offset by its index in the first
     # component; steps advance the second), and the generators'
     # advance is returned so that the step can apply it once.
     forward_loss = _forward_loss if group_size == 1 else _forward_group_loss
-    if not generators:
+    if not generators and shifts is None:
         loss, y_pred = forward_loss(model, x, y, sample_weight)
         return loss, (y_pred, [])
     offset = ops.stack(
         [ops.cast(index[0], "int64") + 1, ops.zeros((), "int64")]
     )
     mapping = [(g.state, g.state.value + offset) for g in generators]
-    # Regularizers read their variable through the scope too.
-    mapping += [
-        (v, v.value) for v in model.trainable_variables if v.regularizer
-    ]
+    if shifts is not None:
+        # Read through the tape: the gradient is taken at v + shift.
+        mapping += [
+            (v, v.value + ops.cast(ops.stop_gradient(d), v.dtype))
+            for v, d in zip(model.trainable_variables, shifts)
+        ]
+    else:
+        # Regularizers read their variable through the scope too.
+        mapping += [
+            (v, v.value) for v in model.trainable_variables if v.regularizer
+        ]
     with keras.StatelessScope(
         state_mapping=mapping, collect_losses=True
     ) as scope:

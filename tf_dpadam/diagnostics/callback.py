@@ -79,6 +79,13 @@ class MomentDiagnostics(keras.callbacks.Callback):
             )
         if getattr(optimizer, "amsgrad", False):
             raise ValueError("MomentDiagnostics needs amsgrad=False.")
+        if optimizer.per_example_transform(model.trainable_variables):
+            raise ValueError(
+                "MomentDiagnostics compares Adam's moments of the clean and"
+                " the privatized gradient; "
+                f"{type(optimizer).__name__} clips a transformed gradient"
+                " (scale-then-privatize, DiSK), whose moments are not"
+                " those. Use DPAdam or DPAdamCorrected.")
         if getattr(model, "steps_per_execution", 1) != 1:
             raise ValueError(
                 "MomentDiagnostics needs steps_per_execution=1, to see the"

@@ -233,7 +233,10 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
     """The sum of clipped per-example gradients, by `model.clipping`.
 
     Ghost clipping where the model allows it (decided while tracing),
-    else per-example gradients by a vectorized map. Both give the same
+    else per-example gradients by a vectorized map; the vectorized map
+    always when the optimizer transforms each example's gradient before
+    clipping (`optimizer.per_example_transform`: scale-then-privatize,
+    DiSK). Both give the same
     sum up to float rounding (tests/privacy_zoo_test.py). Sets
     `model.clipping_used` and, when ghost clipping was refused,
     `model.ghost_unsupported_reason`.
@@ -247,7 +250,15 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
         variable, the per-example gradient norms before clipping, the
         per-example losses and the predictions (one per row).
     """
-    if model.clipping != "vectorized":
+    transform = model.optimizer.per_example_transform(
+        model.trainable_variables)
+    if transform is not None and model.clipping == "ghost":
+        raise ValueError(
+            f"make_private(clipping='ghost'): {type(model.optimizer).__name__}"
+            " transforms each example's gradient before clipping, which"
+            " ghost clipping does not support yet; use clipping='auto' or"
+            " 'vectorized'.")
+    if model.clipping != "vectorized" and transform is None:
         try:
             summed, norms, losses, y_pred = (
                 ghost_clipping.clipped_gradient_sum(
@@ -264,9 +275,13 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
                     "make_private(clipping='ghost'): " + str(error)
                 ) from error
             model.ghost_unsupported_reason = str(error)
+    if transform is not None and model.clipping != "vectorized":
+        model.ghost_unsupported_reason = (
+            f"{type(model.optimizer).__name__} transforms each example's"
+            " gradient before clipping (vectorized path only)")
     summed, norms, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
         model, x, y, sample_weight, l2_norm_clip, mask=present,
-        group_size=model.augmult,
+        group_size=model.augmult, transform=transform,
     )
     model.clipping_used = "vectorized"
     return summed, norms, losses, y_pred

@@ -1,0 +1,53 @@
+"""tf_dpadam.preclip: the pre-clipping transform of per-example gradients."""
+
+import numpy as np
+from absl.testing import absltest
+
+from tf_dpadam import preclip
+
+
+class TransformGradientsTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        rng = np.random.default_rng(0)
+        self.grads = [rng.normal(size=(4, 3, 2)).astype("float32"),
+                      rng.normal(size=(4, 2)).astype("float32")]
+        self.shifted = [rng.normal(size=g.shape).astype("float32")
+                        for g in self.grads]
+        self.scales = [rng.uniform(0.5, 2, size=g.shape[1:]).astype("float32")
+                       for g in self.grads]
+
+    def check(self, got, want):
+        self.assertLen(got, len(want))
+        for g, w in zip(got, want):
+            self.assertEqual(g.dtype, "float32")
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-6)
+
+    def test_scales(self):
+        transform = preclip.PerExampleTransform(scales=self.scales)
+        self.check(preclip.transform_gradients(self.grads, transform),
+                   [g * s[None] for g, s in zip(self.grads, self.scales)])
+
+    def test_shifts_and_scales(self):
+        transform = preclip.PerExampleTransform(
+            scales=self.scales, shifts=[0 * s for s in self.scales],
+            shift_weight=0.25)
+        self.check(
+            preclip.transform_gradients(self.grads, transform, self.shifted),
+            [(0.75 * g + 0.25 * h) * s[None]
+             for g, h, s in zip(self.grads, self.shifted, self.scales)])
+
+    def test_shifts_need_the_shifted_gradients(self):
+        transform = preclip.PerExampleTransform(
+            shifts=[0 * s for s in self.scales], shift_weight=0.5)
+        with self.assertRaisesRegex(ValueError, "shifted_grads"):
+            preclip.transform_gradients(self.grads, transform)
+
+    def test_an_empty_transform_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "scales or shifts"):
+            preclip.PerExampleTransform()
+
+
+if __name__ == "__main__":
+    absltest.main()

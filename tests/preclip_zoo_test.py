@@ -1,0 +1,148 @@
+"""Scale-then-privatize and DiSK on the privacy zoo's models, against brute force.
+
+The two optimizers change what is clipped (`tf_dpadam.preclip`): s * g_j for
+scale-then-privatize, (1 - w) g_j(theta) + w g_j(theta + shift) for DiSK.
+For a selection of the zoo's models (`privacy_zoo_test`), one noise-free
+step's clipped sum (the diagnostics' clean gradient, B = 1) must equal
+
+    sum_j min(1, C / ||d_j||) d_j
+
+with d_j computed from one-example `tf.GradientTape`s in eager mode (at the
+shifted weights too, assigned to the model for the reference), the transform
+and the clipping in NumPy (float64). The optimizer's state is set by hand to
+a step t = 4 with a non-uniform preconditioner (scale-then-privatize) or a
+non-zero shift (DiSK); C is just above the median norm.
+"""
+
+import keras
+import numpy as np
+import pytest
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import tf_dpadam
+from tf_dpadam import disk
+from tf_dpadam import scale_then_privatize as stp
+
+import privacy_zoo_test as zoo
+
+pytestmark = pytest.mark.slow  # A model per case (about 2 minutes).
+
+_ENTRIES = ("dense", "dense_on_sequences", "embedding_mask_pooling",
+            "ws_conv2d_group_norm", "multi_head_attention_mask",
+            "reversible_embedding_tied", "lora_dense_after_build",
+            "weight_regularizers", "sample_weights", "multi_output",
+            "activity_regularizer")
+_STEPS_DONE = 3
+_BETA_2 = 0.999
+_SCALE_EPSILON = 1e-3
+_KAPPA, _GAMMA = 0.7, 0.5
+
+
+def _clipped_sum(vectors, clip):
+    """sum_j min(1, C / ||d_j||) d_j, of `[example][variable]` arrays."""
+    factors = np.minimum(1.0, clip / zoo._global_norms(vectors))
+    return [sum(f * example[i] for f, example in zip(factors, vectors))
+            for i in range(len(vectors[0]))]
+
+
+def _median_clip(vectors):
+    norms = zoo._global_norms(vectors)
+    clip = float(np.median(norms)) * 1.0001
+    assert np.sum(norms > clip) > 0 and np.sum(norms < clip) > 0, norms
+    return clip
+
+
+def _scale_then_privatize(case, rng):
+    """`(optimizer, set_state, expected)` for scale-then-privatize."""
+    variables = case.model.trainable_variables
+    velocities = [rng.uniform(0.01, 1.0, size=v.shape) ** 4
+                  for v in variables]
+    correction = 1 - _BETA_2**_STEPS_DONE
+    scales = [1 / (np.sqrt(v / correction) + _SCALE_EPSILON)
+              for v in velocities]
+    vectors = [[g * s for g, s in zip(example, scales)]
+               for example in zoo._per_example_gradients(case)]
+    clip = _median_clip(vectors)
+    optimizer = stp.DPAdamScaleThenPrivatize(
+        l2_norm_clip=clip, noise_multiplier=0.0, batch_size=1,
+        learning_rate=0.0, beta_2=_BETA_2, scale_epsilon=_SCALE_EPSILON)
+
+    def set_state():
+        for v, velocity in zip(variables, velocities):
+            optimizer.moments(v)[1].assign(velocity.astype("float32"))
+
+    return optimizer, set_state, _clipped_sum(vectors, clip)
+
+
+def _disk(case, rng):
+    """`(optimizer, set_state, expected)` for DiSK."""
+    variables = case.model.trainable_variables
+    weights = [np.array(v) for v in variables]
+    moves = [0.05 * rng.normal(size=v.shape) for v in variables]
+    here = zoo._per_example_gradients(case)
+    for v, w, move in zip(variables, weights, moves):
+        v.assign((w + _GAMMA * move).astype(v.dtype))
+    there = zoo._per_example_gradients(case)
+    for v, w in zip(variables, weights):
+        v.assign(w)
+    share = disk.shift_weight(_KAPPA, _GAMMA)
+    vectors = [[(1 - share) * a + share * b for a, b in zip(x, y)]
+               for x, y in zip(here, there)]
+    clip = _median_clip(vectors)
+    optimizer = disk.DPAdamDiSK(
+        l2_norm_clip=clip, noise_multiplier=0.0, batch_size=1,
+        learning_rate=0.0, kappa=_KAPPA, gamma=_GAMMA)
+
+    def set_state():
+        for v, w, move in zip(variables, weights, moves):
+            optimizer.state(v)[0].assign((w - move).astype(v.dtype))
+
+    return optimizer, set_state, _clipped_sum(vectors, clip)
+
+
+_OPTIMIZERS = {"scale_then_privatize": _scale_then_privatize,
+               "disk": _disk}
+
+
+def _cases():
+    for name in _ENTRIES:
+        for optimizer in _OPTIMIZERS:
+            yield f"_{name}_{optimizer}", name, optimizer, False
+    for optimizer in _OPTIMIZERS:
+        yield f"_dense_{optimizer}_xla", "dense", optimizer, True
+
+
+class PreclipZooTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(_cases())
+    def test_one_step(self, name, optimizer_name, jit):
+        self.assertIsNone(zoo._ZOO[name].refused)
+        case = zoo._build(name)
+        model = case.model
+        before = zoo._values(model.trainable_variables)
+        optimizer, set_state, want = _OPTIMIZERS[optimizer_name](
+            case, np.random.default_rng(7))
+        private = tf_dpadam.make_private(model, seed=0, diagnostics=True)
+        private.compile(optimizer=optimizer, loss=case.loss,
+                        loss_weights=case.loss_weights, jit_compile=jit)
+        self.assertTrue(optimizer.built)
+        optimizer.iterations.assign(_STEPS_DONE)
+        set_state()
+        private.train_on_batch(case.x, case.y,
+                               sample_weight=case.sample_weight)
+        self.assertEqual(private.clipping_used, "vectorized")
+        got = [np.asarray(keras.ops.convert_to_numpy(v), "float64")
+               for v in private.clean_gradients]
+        error = np.sqrt(sum(np.sum(np.square(g - w))
+                            for g, w in zip(got, want)))
+        size = np.sqrt(sum(np.sum(np.square(w)) for w in want))
+        self.assertGreater(size, 0.0)
+        self.assertLess(error / size, 1e-4)
+        # The learning rate is 0: nothing moved.
+        for b, a in zip(before, zoo._values(model.trainable_variables)):
+            np.testing.assert_array_equal(a, b)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,222 @@
+"""DPAdamScaleThenPrivatize against a NumPy reference, step by step."""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import tf_dpadam
+from tf_dpadam import scale_then_privatize as stp
+
+_BETA_1, _BETA_2, _EPS, _EPS_S = 0.9, 0.999, 1e-7, 1e-3
+
+
+def _dense_model(seed=0, features=8, outputs=3):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(outputs)])
+
+
+def _batch(n=6, features=8, outputs=3, seed=1):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, features)).astype("float32"),
+            rng.normal(size=(n, outputs)).astype("float32"))
+
+
+def numpy_per_example_grads(w, b, x, y):
+    """Per-example gradients of the mean squared error of x @ w + b."""
+    residual = 2.0 * (x @ w + b - y) / y.shape[1]  # dL_i/dy_pred
+    return [np.einsum("ni,nk->nik", x, residual), residual]
+
+
+def numpy_preconditioner(v, done):
+    v_hat = v / (1 - _BETA_2**done) if done > 0 else np.zeros_like(v)
+    return 1.0 / (np.sqrt(v_hat) + _EPS_S)
+
+
+class NumpySTP:
+    """The update rule, in float64: scale, clip, sum, /B, unscale, Adam."""
+
+    def __init__(self, weights):
+        self.weights = [np.array(w, "float64") for w in weights]
+        self.m = [np.zeros_like(w) for w in self.weights]
+        self.v = [np.zeros_like(w) for w in self.weights]
+        self.t = 0
+
+    def scales(self):
+        return [numpy_preconditioner(v, self.t) for v in self.v]
+
+    def private_gradient(self, x, y, clip, batch_size):
+        """The noise-free scaled private gradient sum_i clip(s g_i) / B."""
+        grads = numpy_per_example_grads(*self.weights, x, y)
+        scaled = [g * s[None] for g, s in zip(grads, self.scales())]
+        norms = np.sqrt(sum(np.sum(g.reshape(len(x), -1)**2, axis=1)
+                            for g in scaled))
+        factors = np.minimum(1.0, clip / norms)
+        return [np.tensordot(factors, g, axes=1) / batch_size
+                for g in scaled]
+
+    def apply(self, scaled_gradient, lr):
+        unscaled = [g / s for g, s in zip(scaled_gradient, self.scales())]
+        self.t += 1
+        alpha = lr * np.sqrt(1 - _BETA_2**self.t) / (1 - _BETA_1**self.t)
+        for i, g in enumerate(unscaled):
+            self.m[i] += (g - self.m[i]) * (1 - _BETA_1)
+            self.v[i] += (g**2 - self.v[i]) * (1 - _BETA_2)
+            self.weights[i] -= alpha * self.m[i] / (np.sqrt(self.v[i]) + _EPS)
+
+
+class Capture(tf_dpadam.StepHooks):
+    """Keeps each step's private gradient (scaled space, noised, / B)."""
+
+    values = None
+
+    def build(self, variables):  # Called on every trace.
+        if self.values is None:
+            self.values = [tf.Variable(tf.zeros(v.shape)) for v in variables]
+
+    def after_noise(self, private_grads, variables):
+        for value, g in zip(self.values, private_grads):
+            value.assign(g)
+
+
+def _private(model, noise_multiplier, clip, batch_size, lr, **kwargs):
+    private = tf_dpadam.make_private(model, seed=3, **kwargs)
+    private.compile(
+        optimizer=stp.DPAdamScaleThenPrivatize(
+            l2_norm_clip=clip, noise_multiplier=noise_multiplier,
+            batch_size=batch_size, learning_rate=lr, beta_1=_BETA_1,
+            beta_2=_BETA_2, epsilon=_EPS, scale_epsilon=_EPS_S),
+        loss="mse")
+    return private
+
+
+class PreconditionerTest(absltest.TestCase):
+
+    def test_matches_numpy(self):
+        v = np.random.default_rng(0).uniform(0, 2, size=(4, 3))
+        for done in (0, 1, 7):
+            np.testing.assert_allclose(
+                np.asarray(stp.preconditioner(v, done, _BETA_2, _EPS_S)),
+                numpy_preconditioner(v, done),
+                rtol=1e-4)  # float32's 1 - beta_2^t: 2^-24 / 0.001 at t = 1.
+
+    def test_uniform_before_the_first_step(self):
+        s = np.asarray(stp.preconditioner(np.ones(3), 0, _BETA_2, 0.5))
+        np.testing.assert_allclose(s, 2.0)
+
+
+class LockstepTest(parameterized.TestCase):
+
+    @parameterized.parameters(0.05, 100.0)  # Most clipped; none clipped.
+    def test_noise_free_steps(self, clip):
+        x, y = _batch()
+        model = _dense_model()
+        reference = NumpySTP(model.get_weights())
+        private = _private(model, 0.0, clip, batch_size=6, lr=0.05)
+        for _ in range(4):
+            reference.apply(reference.private_gradient(x, y, clip, 6), 0.05)
+            private.train_on_batch(x, y)
+            for got, want in zip(model.get_weights(), reference.weights):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        self.assertEqual(private.clipping_used, "vectorized")
+
+    def test_noisy_steps_unscale_the_private_gradient(self):
+        # The noise is drawn in the scaled space (std sigma C / B per
+        # coordinate) and divided by s before Adam: NumPy follows the
+        # captured private gradients.
+        features, outputs, n, clip, sigma = 64, 32, 16, 0.5, 2.0
+        x, y = _batch(n, features, outputs)
+        model = _dense_model(features=features, outputs=outputs)
+        reference = NumpySTP(model.get_weights())
+        private = _private(model, sigma, clip, batch_size=n, lr=0.01)
+        capture = Capture()
+        private.add_step_hooks(capture)
+        for _ in range(3):
+            clean = reference.private_gradient(x, y, clip, n)
+            private.train_on_batch(x, y)
+            noisy = [np.asarray(v, "float64") for v in capture.values]
+            noise = np.concatenate([(a - b).ravel()
+                                    for a, b in zip(noisy, clean)])
+            # 2,080 coordinates: the std is within 10% (about 6 sigmas).
+            self.assertAlmostEqual(np.std(noise) / (sigma * clip / n), 1.0,
+                                   delta=0.1)
+            self.assertLess(abs(np.mean(noise)), 0.1 * sigma * clip / n)
+            reference.apply(noisy, 0.01)
+            for got, want in zip(model.get_weights(), reference.weights):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+class ApiTest(parameterized.TestCase):
+
+    def test_ghost_clipping_raises(self):
+        x, y = _batch()
+        private = _private(_dense_model(), 1.0, 1.0, 6, 0.01,
+                           clipping="ghost")
+        with self.assertRaisesRegex(ValueError, "clipping='ghost'.*"
+                                    "DPAdamScaleThenPrivatize"):
+            private.train_on_batch(x, y)
+        self.assertEqual(int(private.optimizer.iterations), 0)
+
+    def test_moment_diagnostics_refuse_transformed_gradients(self):
+        x, y = _batch()
+        for optimizer in (
+                stp.DPAdamScaleThenPrivatize(l2_norm_clip=1.0,
+                                             noise_multiplier=1.0,
+                                             batch_size=6),
+                tf_dpadam.DPAdamDiSK(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                     batch_size=6)):
+            private = tf_dpadam.make_private(_dense_model(), seed=0,
+                                             diagnostics=True)
+            private.compile(optimizer=optimizer, loss="mse")
+            with self.assertRaisesRegex(ValueError, "MomentDiagnostics.*"
+                                        + type(optimizer).__name__):
+                private.fit(x, y, verbose=0,
+                            callbacks=[tf_dpadam.MomentDiagnostics()])
+
+    @parameterized.parameters(0.0, -1.0, float("nan"))
+    def test_bad_scale_epsilon(self, value):
+        with self.assertRaisesRegex(ValueError, "scale_epsilon"):
+            stp.DPAdamScaleThenPrivatize(
+                l2_norm_clip=1.0, noise_multiplier=1.0, scale_epsilon=value)
+
+    def test_amsgrad_refused(self):
+        with self.assertRaisesRegex(ValueError, "amsgrad"):
+            stp.DPAdamScaleThenPrivatize(
+                l2_norm_clip=1.0, noise_multiplier=1.0, amsgrad=True)
+
+    def test_config_round_trip(self):
+        optimizer = stp.DPAdamScaleThenPrivatize(
+            l2_norm_clip=2.0, noise_multiplier=0.7, batch_size=32,
+            scale_epsilon=1e-4, learning_rate=0.003)
+        config = optimizer.get_config()
+        again = stp.DPAdamScaleThenPrivatize.from_config(config)
+        self.assertEqual(again.scale_epsilon, 1e-4)
+        self.assertEqual(again.get_config(), config)
+        revived = keras.optimizers.deserialize(
+            keras.optimizers.serialize(optimizer))
+        self.assertIsInstance(revived, stp.DPAdamScaleThenPrivatize)
+
+    @pytest.mark.slow
+    def test_save_and_load_keeps_the_preconditioner(self):
+        x, y = _batch()
+        model = _dense_model()
+        private = _private(model, 1.0, 1.0, 6, 0.01)
+        private.train_on_batch(x, y)
+        path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        private.save(path)
+        loaded = keras.models.load_model(path)
+        for a, b in zip(private.optimizer.scales(model.trainable_variables),
+                        loaded.optimizer.scales(
+                            loaded.trainable_variables)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b))
+        self.assertEqual(loaded.optimizer.scale_epsilon, _EPS_S)
+
+
+if __name__ == "__main__":
+    absltest.main()
