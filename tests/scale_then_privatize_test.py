@@ -152,6 +152,58 @@ class LockstepTest(parameterized.TestCase):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def _both(**kwargs):
+    """One of each optimizer that transforms the per-example gradient."""
+    return [stp.DPAdamScaleThenPrivatize(scale_epsilon=_EPS_S, **kwargs),
+            tf_dpadam.DPAdamDiSK(**kwargs)]
+
+
+class ComposesTest(parameterized.TestCase):
+
+    def test_accumulation_is_one_step_on_the_union(self):
+        x, y = _batch(n=12)
+        settings = dict(l2_norm_clip=0.3, noise_multiplier=0.0,
+                        batch_size=12, learning_rate=0.05)
+        for whole, split in zip(
+                _both(**settings),
+                _both(gradient_accumulation_steps=2, **settings)):
+            weights = []
+            for optimizer, batches in ((whole, [slice(0, 12)]),
+                                       (split, [slice(0, 6), slice(6, 12)])):
+                model = _dense_model()
+                private = tf_dpadam.make_private(model, seed=0)
+                private.compile(optimizer=optimizer, loss="mse")
+                for _ in range(3):
+                    for rows in batches:
+                        private.train_on_batch(x[rows], y[rows])
+                self.assertEqual(int(optimizer.iterations), 3)
+                weights.append(model.get_weights())
+            for a, b in zip(*weights):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_adaptive_per_layer_clipping(self):
+        x, y = _batch(n=12)
+        for optimizer in _both(l2_norm_clip=10.0, noise_multiplier=1.0,
+                               batch_size=12, per_layer_clipping=True,
+                               target_unclipped_quantile=0.5,
+                               clipped_count_stddev=5.0):
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([
+                keras.Input((8,)), keras.layers.Dense(4, activation="tanh"),
+                keras.layers.Dense(3)])
+            private = tf_dpadam.make_private(model, seed=0)
+            private.compile(optimizer=optimizer, loss="mse")
+            for _ in range(3):
+                private.train_on_batch(x, y)
+            clips = np.asarray(optimizer.clip_norms())
+            self.assertLen(clips, 2)
+            self.assertTrue(np.all(np.isfinite(clips)), clips)
+            self.assertTrue(np.all(clips != np.float32(10.0 / np.sqrt(2))),
+                            clips)  # Each group's C moved.
+            for w in model.get_weights():
+                self.assertTrue(np.all(np.isfinite(w)))
+
+
 class ApiTest(parameterized.TestCase):
 
     def test_ghost_clipping_raises(self):
