@@ -74,11 +74,14 @@ FLAGS = flags.FLAGS
 # "dpadam_corrected" uses make_private's default (ghost clipping where the
 # model allows it); "+vectorized" forces the vectorized per-example path;
 # "+secure" is make_private(secure_mode=True) (each noise value a sum of
-# several normals).
+# several normals). "dpadam_stp" (DPAdamScaleThenPrivatize) and
+# "dpadam_disk" (DPAdamDiSK) transform each example's gradient before
+# clipping, so they always take the vectorized path.
 _VARIANTS = {
     "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
-            "dpadam_corrected+vectorized"],
-    "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure"],
+            "dpadam_corrected+vectorized", "dpadam_stp", "dpadam_disk"],
+    "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
+             "dpadam_stp", "dpadam_disk"],
     "cnn_accum": ["dpadam_corrected"],
     "lora": ["nonprivate", "dpadam_corrected"],
     "full": ["nonprivate", "dpadam_corrected"],
@@ -253,7 +256,12 @@ def _child(spec):
         clipping = "vectorized" if "+vectorized" in variant else "auto"
         model = tf_dpadam.make_private(model, clipping=clipping,
                                        secure_mode="+secure" in variant)
-        optimizer = tf_dpadam.DPAdamCorrected(
+        optimizer_class = {
+            "dpadam_corrected": tf_dpadam.DPAdamCorrected,
+            "dpadam_stp": tf_dpadam.DPAdamScaleThenPrivatize,
+            "dpadam_disk": tf_dpadam.DPAdamDiSK,
+        }[variant.split("+")[0]]
+        optimizer = optimizer_class(
             l2_norm_clip=1.0, noise_multiplier=1.0,
             batch_size=physical * accumulation,
             gradient_accumulation_steps=accumulation if accumulation > 1 else None,
