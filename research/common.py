@@ -11,37 +11,49 @@ import math
 
 import tf_dpadam
 
-OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected")
+OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected", "dpadam_stp",
+              "dpadam_disk")
 # How the reports name them.
 OPTIMIZER_NAMES = {
     "dpsgd": "DP-SGD",
     "dpadam": "DP-Adam",
     "dpadam_corrected": "DP-AdamBC",
+    "dpadam_stp": "DP-Adam STP",  # scale-then-privatize
+    "dpadam_disk": "DP-Adam DiSK",
 }
+# The optimizers whose `epsilon` is Keras Adam's, outside the root.
+KERAS_ADAM_EPSILON = ("dpadam", "dpadam_stp", "dpadam_disk")
 
 # The paper's hyperparameters (Tang & Lecuyer, Appendix), per task and
 # optimizer: learning rate and gamma (DP-Adam, outside the root) or gamma'
 # (DP-AdamBC, inside it). Fashion-MNIST is ours: the CIFAR-10 setting with
 # B = 256 and sigma = 0.52, which reaches epsilon = 7 in about 3 epochs
-# (a CPU-sized run); gamma' None means 0.04 * Phi.
+# (a CPU-sized run); gamma' None means 0.04 * Phi. DP-Adam STP and DiSK are
+# not in the paper: they start from DP-Adam's settings.
 PAPER_DEFAULTS = {
     "cifar10": {
         "l2_norm_clip": 1.0, "noise_multiplier": 1.0, "batch_size": 2048,
         "learning_rate": {"dpsgd": 4.0, "dpadam": 1e-3,
-                          "dpadam_corrected": 1e-3},
-        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": 1e-8},
+                          "dpadam_corrected": 1e-3,
+                          "dpadam_stp": 1e-3, "dpadam_disk": 1e-3},
+        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": 1e-8,
+                    "dpadam_stp": 1e-8, "dpadam_disk": 1e-8},
     },
     "fashion_mnist": {
         "l2_norm_clip": 1.0, "noise_multiplier": 0.52, "batch_size": 256,
         "learning_rate": {"dpsgd": 4.0, "dpadam": 1e-3,
-                          "dpadam_corrected": 1e-3},
-        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": None},
+                          "dpadam_corrected": 1e-3,
+                          "dpadam_stp": 1e-3, "dpadam_disk": 1e-3},
+        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": None,
+                    "dpadam_stp": 1e-8, "dpadam_disk": 1e-8},
     },
     "snli": {
         "l2_norm_clip": 0.1, "noise_multiplier": 0.4, "batch_size": 256,
         "learning_rate": {"dpsgd": 4.0, "dpadam": 0.01,
-                          "dpadam_corrected": 1e-3},
-        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": 1e-9},
+                          "dpadam_corrected": 1e-3,
+                          "dpadam_stp": 0.01, "dpadam_disk": 0.01},
+        "epsilon": {"dpadam": 1e-8, "dpadam_corrected": 1e-9,
+                    "dpadam_stp": 1e-8, "dpadam_disk": 1e-8},
     },
 }
 PAPER_DEFAULTS["glue/sst2"] = PAPER_DEFAULTS["snli"]
@@ -146,6 +158,11 @@ def make_optimizer(config, accumulation_steps=1):
     adam = dict(beta_1=config.beta_1, beta_2=config.beta_2, **common)
     if config.optimizer == "dpadam":
         return tf_dpadam.DPAdam(epsilon=config.epsilon, **adam)
+    if config.optimizer == "dpadam_stp":
+        return tf_dpadam.DPAdamScaleThenPrivatize(epsilon=config.epsilon,
+                                                  **adam)
+    if config.optimizer == "dpadam_disk":
+        return tf_dpadam.DPAdamDiSK(epsilon=config.epsilon, **adam)
     return tf_dpadam.DPAdamCorrected(
         epsilon=config.epsilon, phi=config.phi, **adam
     )

@@ -331,7 +331,7 @@ def config_from_flags(task, flag_values=None):
         epsilon = None
     else:
         epsilon = float(f.epsilon)
-    if name == "dpadam" and epsilon is None:
+    if name in common.KERAS_ADAM_EPSILON and epsilon is None:
         epsilon = 1e-8
     target = f.target_epsilon or None
     if target is None and f.epochs is None:

@@ -129,7 +129,7 @@ def define_flags():
                       "Seeds of the final runs; tuning uses the first.")
     flags.DEFINE_list("variants", None,
                       "Variants of study_plan.default_variants (default:"
-                      " all five for regime_map; dpsgd,dpadam_corrected for"
+                      " all seven for regime_map; dpsgd,dpadam_corrected for"
                       " best_recipe).")
     flags.DEFINE_list("lr_centres", [],
                       "name=lr: a variant's learning-rate centre at B = 256"

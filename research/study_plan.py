@@ -12,7 +12,7 @@ of the paper's CNN (`research.train_image.run`):
   normalization);
 - a `Variant` is an optimizer with its own settings (`VARIANTS`: DP-SGD,
   DP-Adam, DP-AdamBC, DP-AdamBC with decoupled weight decay, DP-AdamBC at
-  beta_2 = 0.9999) and the centre of its learning-rate grid at
+  beta_2 = 0.9999, DP-Adam with scale-then-privatize and with DiSK) and the centre of its learning-rate grid at
   `REFERENCE_BATCH`; each cell gets a half-decade grid (x sqrt(10) steps)
   around the centre scaled to its B (`scaled_centre`).
 
@@ -92,6 +92,14 @@ def default_variants(*, weight_decay=0.1, beta_2_high=0.9999):
         Variant("dpadam_corrected_b2",
                 f"DP-AdamBC, β₂ = {beta_2_high:g}",
                 changes=(("beta_2", float(beta_2_high)),), **corrected),
+        # Issue 37: Adam's epsilon outside the root, as DP-Adam; centred
+        # on DP-Adam's rate (STP: Adam on the same-size private gradient)
+        # and a half-decade below it (DiSK: the filter shrinks the noise in
+        # v, so each step is larger).
+        Variant("dpadam_stp", "DP-Adam STP", "dpadam_stp", 1e-2, 0.25,
+                gamma=1e-8),
+        Variant("dpadam_disk", "DP-Adam DiSK", "dpadam_disk", 3e-3, 0.25,
+                gamma=1e-8),
     )}
 
 

@@ -1,13 +1,16 @@
-"""research/common.py: the binaries account with PLD (issue 34).
+"""research/common.py: the binaries account with PLD (issue 34); each
+--optimizer makes its class.
 
 Moved from tests/privacy_budget_pld_test.py, which tests the library's
 PrivacyBudget and no longer imports the harness.
 """
 
+import dataclasses
 import math
 
 from absl.testing import absltest
 
+import tf_dpadam
 from research import common
 from tf_dpadam import accounting
 
@@ -26,6 +29,30 @@ class BinariesAccountingTest(absltest.TestCase):
         self.assertLessEqual(common.spent_epsilon(config, steps, N), 7.0)
         self.assertGreater(common.spent_epsilon(config, steps + 1, N), 7.0)
         self.assertTrue(math.isfinite(common.spent_epsilon(config, 1, N)))
+
+
+
+class MakeOptimizerTest(absltest.TestCase):
+
+    def test_each_optimizer_name(self):
+        classes = {"dpsgd": tf_dpadam.DPSGD, "dpadam": tf_dpadam.DPAdam,
+                   "dpadam_corrected": tf_dpadam.DPAdamCorrected,
+                   "dpadam_stp": tf_dpadam.DPAdamScaleThenPrivatize,
+                   "dpadam_disk": tf_dpadam.DPAdamDiSK}
+        self.assertEqual(set(classes), set(common.OPTIMIZERS))
+        self.assertEqual(set(common.OPTIMIZER_NAMES), set(common.OPTIMIZERS))
+        base = common.base_config("fashion_mnist", target_epsilon=7.0)
+        for name, cls in classes.items():
+            defaults = common.PAPER_DEFAULTS["fashion_mnist"]
+            config = dataclasses.replace(
+                base, optimizer=name,
+                learning_rate=defaults["learning_rate"][name],
+                epsilon=defaults["epsilon"].get(name))
+            optimizer = common.make_optimizer(config)
+            self.assertIs(type(optimizer), cls)
+            self.assertEqual(optimizer.l2_norm_clip, 1.0)
+            if name in common.KERAS_ADAM_EPSILON:
+                self.assertEqual(optimizer.epsilon, 1e-8)
 
 
 if __name__ == "__main__":
