@@ -102,6 +102,10 @@ class TrainConfig:
     # The image CNN (`research.models.make_cnn`'s `cnn`: "paper" or
     # "small"); runs recorded before it read back as "paper".
     cnn: str = "paper"
+    # Heavy-tailed class imbalance (`research.imbalance`): class c of the
+    # training set keeps imbalance_ratio^(c / (K - 1)) of its images; 1.0:
+    # all (runs recorded before it read back as 1.0).
+    imbalance_ratio: float = 1.0
 
 
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,

@@ -20,6 +20,7 @@ import keras
 
 from research import common
 from research import datasets
+from research import imbalance
 from research import models
 from research import record_sources
 from research import training
@@ -54,12 +55,24 @@ def define_flags():
                          " flipped and shifted (up to 4 pixels) views,"
                          " clipped once, so epsilon is unchanged and a step"
                          " costs about K times more; 0: no augmentation.")
+    flags.DEFINE_float("imbalance_ratio", 1.0,
+                       "Heavy-tailed class imbalance: class c keeps this^(c"
+                       " / (K - 1)) of its training images (the last class"
+                       " this fraction; 1: all); the run then also reports"
+                       " each class's test accuracy, their mean and the"
+                       " worst.")
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     shared_flags.check_flag("augmult", validation.check_non_negative)
+    shared_flags.check_flag("imbalance_ratio", _check_ratio)
 
 
 FLAGS = flags.FLAGS
+
+
+def _check_ratio(name, value):
+    if not 0 < value <= 1:
+        raise ValueError(f"Expected --{name}={value!r} in (0, 1].")
 
 
 def run(dataset, data_dir, config, max_examples=None, *,
@@ -82,10 +95,20 @@ def run(dataset, data_dir, config, max_examples=None, *,
             dataset, data_dir)
         if max_examples:
             x_train, y_train = x_train[:max_examples], y_train[:max_examples]
-        train, input_shape = (x_train, y_train), x_train.shape[1:]
         num_classes = int(y_train.max()) + 1
+        if config.imbalance_ratio < 1:
+            # One subset for every run and seed (seed 0).
+            x_train, y_train = imbalance.imbalanced_subset(
+                x_train, y_train, config.imbalance_ratio)
+        train, input_shape = (x_train, y_train), x_train.shape[1:]
     if max_test_examples:
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
+    if config.imbalance_ratio < 1:
+        if data_source:
+            raise ValueError("--imbalance_ratio needs in-memory data, not"
+                             " --data_source.")
+        kwargs.setdefault("measure",
+                          imbalance.per_class_measure(x_test, y_test))
     return training.fit_private(
         lambda: models.make_cnn(input_shape, num_classes,
                                 config.normalization, cnn=config.cnn),
@@ -106,7 +129,7 @@ def main(argv):
         config = dataclasses.replace(
             shared_flags.config_from_flags(FLAGS.dataset),
             normalization=FLAGS.normalization, augmult=FLAGS.augmult,
-            cnn=FLAGS.cnn)
+            cnn=FLAGS.cnn, imbalance_ratio=FLAGS.imbalance_ratio)
     caps = shared_flags.smoke_test_caps()
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,
                                    hint=shared_flags.OFFLINE_IMAGES_HINT), \
