@@ -13,6 +13,12 @@ mean and the worst.
 import numpy as np
 
 
+def check_ratio_flag(name, value):
+    """A flag check (`shared_flags.check_flag`): `value` in (0, 1]."""
+    if not 0 < value <= 1:
+        raise ValueError(f"Expected --{name}={value!r} in (0, 1].")
+
+
 def geometric_class_sizes(counts, ratio):
     """How many examples of each class to keep.
 

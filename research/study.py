@@ -74,11 +74,13 @@ import sys
 
 from absl import app
 from absl import flags
+import numpy as np
 
 # Before the modules that import Keras: it quiets TensorFlow's start-up logs.
 from research import shared_flags  # pylint: disable=g-bad-import-order
 
 from research import datasets
+from research import imbalance
 from research import models
 from research import results_index
 from research import runs
@@ -138,6 +140,10 @@ def define_flags():
                          "Grid points on each side of the centre, x sqrt(10)"
                          " apart (0: the centre only).")
     shared_flags.define_lr_edge_extensions_flag()
+    flags.DEFINE_float("imbalance_ratio", 1.0,
+                       "Heavy-tailed class imbalance (research.imbalance):"
+                       " class c keeps this^(c / 9) of its training images;"
+                       " the runs then record each class's test accuracy.")
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     flags.DEFINE_list("batch_sizes", None,
                       "Expected batch sizes B (default: 256,1024,4096 for"
@@ -182,6 +188,7 @@ def define_flags():
         shared_flags.check_flag(name, validation.check_positive)
     for name in ("augmult", "lr_span", "weight_decay"):
         shared_flags.check_flag(name, validation.check_non_negative)
+    shared_flags.check_flag("imbalance_ratio", imbalance.check_ratio_flag)
 
 
 FLAGS = flags.FLAGS
@@ -248,7 +255,7 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
                     l2_norm_clip=1.0,
                     delta=1e-5, eval_every=50, augmult=0, ema_momentum=None,
                     normalization="none", cnn="paper", weight_decay=0.1,
-                    beta_2_high=0.9999):
+                    beta_2_high=0.9999, imbalance_ratio=1.0):
     """The `StudyPlan` of study `name` for `num_examples` training images;
     None: the study's default (`STUDY_DEFAULTS`); the arguments are the
     flags'."""
@@ -273,7 +280,7 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
             noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip,
             delta=delta, eval_every=eval_every, augmult=augmult,
             ema_momentum=ema_momentum, normalization=normalization,
-            cnn=cnn)
+            cnn=cnn, imbalance_ratio=imbalance_ratio)
         for eps in epsilons or defaults["epsilons"]
         for b in batch_sizes or defaults["batch_sizes"]]
     return study_plan.make_plan(
@@ -303,6 +310,9 @@ def main(argv):
         (_, y_train), _ = datasets.load_image_dataset("fashion_mnist",
                                                       FLAGS.data_dir)
     num_examples = min(len(y_train), max_examples or len(y_train))
+    if FLAGS.imbalance_ratio < 1:
+        num_examples = sum(imbalance.geometric_class_sizes(
+            np.bincount(y_train[:num_examples]), FLAGS.imbalance_ratio))
     with shared_flags.usage_errors():
         plan = make_study_plan(
             FLAGS.study, num_examples=num_examples,
@@ -319,7 +329,8 @@ def main(argv):
             eval_every=FLAGS.eval_every, augmult=FLAGS.augmult,
             ema_momentum=FLAGS.ema_momentum,
             normalization=FLAGS.normalization, cnn=FLAGS.cnn,
-            weight_decay=FLAGS.weight_decay, beta_2_high=FLAGS.beta_2_high)
+            weight_decay=FLAGS.weight_decay, beta_2_high=FLAGS.beta_2_high,
+            imbalance_ratio=FLAGS.imbalance_ratio)
     if FLAGS.phase == "plan":
         print(describe(plan, FLAGS.seconds_per_epoch))
         return

@@ -183,11 +183,13 @@ class Cell:
 def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
               noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
               eval_every=50, augmult=0, ema_momentum=None,
-              normalization="none", cnn="paper"):
+              normalization="none", cnn="paper", imbalance_ratio=1.0):
     """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
     `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
     (the most steps within `target_epsilon`). ema_momentum: None for no
-    parameter averaging."""
+    parameter averaging. imbalance_ratio < 1: the training set's classes
+    cut geometrically (`research.imbalance`); `num_examples` is then the
+    size of the cut set."""
     if (epochs is None) == (noise_multiplier is None):
         raise ValueError("Give exactly one of epochs and noise_multiplier.")
     if batch_size > num_examples:
@@ -206,8 +208,11 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
     base = dataclasses.replace(
         base, augmult=augmult, normalization=normalization, cnn=cnn,
         ema=ema_momentum is not None,
-        ema_momentum=0.999 if ema_momentum is None else ema_momentum)
+        ema_momentum=0.999 if ema_momentum is None else ema_momentum,
+        imbalance_ratio=float(imbalance_ratio))
     name = f"eps{target_epsilon:g}_B{batch_size}"
+    if imbalance_ratio < 1:
+        name += f"_imbalance{imbalance_ratio:g}"
     return Cell(name, float(target_epsilon), base, steps, num_examples)
 
 

@@ -64,15 +64,10 @@ def define_flags():
     shared_flags.define_training_flags()
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     shared_flags.check_flag("augmult", validation.check_non_negative)
-    shared_flags.check_flag("imbalance_ratio", _check_ratio)
+    shared_flags.check_flag("imbalance_ratio", imbalance.check_ratio_flag)
 
 
 FLAGS = flags.FLAGS
-
-
-def _check_ratio(name, value):
-    if not 0 < value <= 1:
-        raise ValueError(f"Expected --{name}={value!r} in (0, 1].")
 
 
 def run(dataset, data_dir, config, max_examples=None, *,

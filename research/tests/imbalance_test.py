@@ -33,6 +33,9 @@ class ClassSizesTest(absltest.TestCase):
         for ratio in (0.0, 1.5, -0.1):
             with self.assertRaisesRegex(ValueError, "ratio"):
                 imbalance.geometric_class_sizes([3, 3], ratio)
+            with self.assertRaisesRegex(ValueError, "--imbalance_ratio"):
+                imbalance.check_ratio_flag("imbalance_ratio", ratio)
+        imbalance.check_ratio_flag("imbalance_ratio", 1.0)
         with self.assertRaisesRegex(ValueError, "2 classes"):
             imbalance.geometric_class_sizes([3], 0.5)
 

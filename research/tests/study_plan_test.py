@@ -88,6 +88,10 @@ class CellTest(parameterized.TestCase):
                          (2, True, 0.9, "group"))
         (plain,) = _cells((16,))
         self.assertEqual((plain.base.augmult, plain.base.ema), (0, False))
+        self.assertEqual(plain.base.imbalance_ratio, 1.0)
+        (cut,) = _cells((16,), imbalance_ratio=0.01)
+        self.assertEqual(cut.base.imbalance_ratio, 0.01)
+        self.assertNotEqual(cut.name, plain.name)  # Runs of their own.
 
 
 class GridTest(absltest.TestCase):
