@@ -76,6 +76,7 @@ class AccumulationTest(parameterized.TestCase):
         for one, accumulated in zip(*results):
             np.testing.assert_allclose(one, accumulated, rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_resume_in_the_middle_of_a_logical_step(self):
         x, y = helpers.classification_data(36, d=5)
 

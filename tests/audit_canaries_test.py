@@ -50,6 +50,7 @@ def flat(values):
 
 
 @pytest.mark.parametrize("accumulation_steps", [None, 2])
+@pytest.mark.slow
 def test_gradient_canaries_add_exactly_their_clipped_gradient(
         accumulation_steps):
     x, y = helpers.classification_data(16 if accumulation_steps else 8)
@@ -180,6 +181,7 @@ def test_inclusion_and_per_step_sampling_statistics():
     assert (first != 0).sum() == counts[0]
 
 
+@pytest.mark.slow
 def test_no_noise_break_is_the_noise_free_step():
     x, y = helpers.classification_data(8)
     broken = private_mlp(noise_multiplier=1.0)
@@ -273,6 +275,7 @@ def test_audit_result_counts_correct_guesses():
     assert "claimed epsilon 1.000" in perfect.describe(1.0)
 
 
+@pytest.mark.slow
 def test_input_canaries_label_include_and_score():
     m, classes = 200, 4
     x, y = helpers.classification_data(m, d=20, classes=classes, seed=5)

@@ -404,6 +404,7 @@ class PoissonBatchesFromSourceTest(parameterized.TestCase):
                 np.testing.assert_array_equal(got[1], want_y[part])
                 np.testing.assert_array_equal(got[2], want_w[part])
 
+    @pytest.mark.slow
     def test_accumulated_padded_steps_train_like_unpadded_ones(self):
         # k physical batches of a logical step, accumulated by the
         # optimizer, equal one unpadded step on the sampled records (no

@@ -118,6 +118,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         second = [by.numpy() for _, by, _ in batches.dataset.take(3)]
         self.assertFalse(all(np.array_equal(a, c) for a, c in zip(first, second)))
 
+    @pytest.mark.slow
     def test_padding_contributes_nothing_even_with_regularization(self):
         n = 60
         x, y = classification_data(n, d=5, seed=4)
@@ -172,6 +173,7 @@ class PoissonBatchesTest(parameterized.TestCase):
                         numpy_values(plain.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_dynamic_batches_train_like_padded_ones(self):
         # Same seed, same sampled examples: without noise the two pipelines
         # give the same model, the dynamic one with fewer rows.
@@ -200,6 +202,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         for a, b in zip(weights[True], weights[False]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_dynamic_batches_survive_an_empty_step(self):
         # q = 1 / 200: a step samples nobody with probability 0.37.
         x, y = classification_data(200, d=5, seed=11)

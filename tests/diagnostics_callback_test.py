@@ -208,6 +208,7 @@ class DefaultAndSerializationTest(absltest.TestCase):
                       callbacks=[tf_dpadam.MomentDiagnostics()],
                       sampling="shuffled")
 
+    @pytest.mark.slow
     def test_diagnostics_warn_and_leave_weights_and_trajectory_alone(self):
         with self.assertWarnsRegex(UserWarning, _NOT_PRIVATE):
             tf_dpadam.make_private(mlp(), diagnostics=True)
@@ -240,6 +241,7 @@ class DefaultAndSerializationTest(absltest.TestCase):
                       callbacks=[tf_dpadam.MomentDiagnostics()],
                       sampling="shuffled")
 
+    @pytest.mark.slow
     def test_save_load_round_trips_the_flag_but_not_the_clean_gradient(self):
         model = self._compiled(True)
         x, y = classification_data(16)

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from unittest import mock
 
+import pytest
 from absl.testing import absltest
 
 from tf_dpadam import diagnostics
@@ -62,6 +63,7 @@ class MarkdownTest(absltest.TestCase):
 
 class HistogramTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_render_report_writes_pngs_and_links_them(self):
         directory = tempfile.mkdtemp()
         snapshots = [helpers.hand_made_snapshot(), _noiseless_snapshot()]

@@ -120,6 +120,7 @@ class LockstepTest(parameterized.TestCase):
 
 class DropoutTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_both_passes_draw_the_same_masks(self):
         # At the first step the shift is 0, so the combined gradient is the
         # gradient itself only if both passes use the same dropout masks:

@@ -97,6 +97,7 @@ def relative_links(text):
 
 class SphinxBuildTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_the_docs_build_with_warnings_as_errors(self):
         with tempfile.TemporaryDirectory() as output:
             self.assertEqual(sphinx_build(_DOCS, output), 0)
@@ -161,6 +162,7 @@ class CodeBlocksTest(absltest.TestCase):
         self.assertEqual(frame.tb_frame.f_code.co_filename, "guide.md")
         self.assertEqual(frame.tb_lineno, 8)
 
+    @pytest.mark.slow
     def test_the_readme_quickstart_runs(self):
         with open(_README, encoding="utf-8") as f:
             blocks = python_blocks(f.read())

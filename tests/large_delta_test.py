@@ -69,6 +69,7 @@ def _recorded(call):
 class LargeDeltaWarningTest(parameterized.TestCase):
 
     @parameterized.parameters(*sorted(_calls(BAD_DELTA)))
+    @pytest.mark.slow
     def test_warns_exactly_once_per_call(self, name):
         result, caught = _recorded(_calls(BAD_DELTA)[name])
         self.assertLen(caught, 1, msg=name)

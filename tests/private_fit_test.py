@@ -198,6 +198,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, B))
         self._check_poisson(counts, N, B / N)
 
+    @pytest.mark.slow
     def test_poisson_batches_through_map(self):
         # A row-wise map (as the examples' transforms) keeps it Poisson.
         batches = tf_dpadam.data.poisson_batches(
@@ -226,6 +227,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, B))
         self._check_poisson(counts, N, B / N)
 
+    @pytest.mark.slow
     def test_sharded(self):
         batches = sharding.sharded_poisson_batches(
             (_ids(), _targets()), expected_batch_size=B,

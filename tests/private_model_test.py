@@ -92,6 +92,7 @@ class MakePrivateTest(parameterized.TestCase):
         )
 
     @parameterized.parameters("auto", "vectorized")
+    @pytest.mark.slow
     def test_model_without_input_builds_on_first_step(self, clipping):
         # No keras.Input: the layers and the optimizer get their weights on
         # the first traced step (this used to fail with "tf.function only
@@ -152,6 +153,7 @@ class MakePrivateTest(parameterized.TestCase):
         expected = float(_LOSS(y, base(x)))
         self.assertAlmostEqual(history.history["loss"][0], expected, places=5)
 
+    @pytest.mark.slow
     def test_multi_output_model(self):
         inputs = keras.Input((6,))
         hidden = keras.layers.Dense(8, activation="tanh")(inputs)

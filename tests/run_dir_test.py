@@ -10,6 +10,7 @@ import tempfile
 import dp_accounting
 import keras
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -264,6 +265,7 @@ class CheckpointTest(absltest.TestCase):
                                     "no earlier checkpoint loads"):
             run_dir.load_checkpoint(model_dir)
 
+    @pytest.mark.slow
     def test_atomic_checkpoints_and_the_ledger_over_a_resume(self):
         model_dir = tempfile.mkdtemp()
         x, y = _data()

@@ -160,6 +160,7 @@ def _both(**kwargs):
 
 class ComposesTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_accumulation_is_one_step_on_the_union(self):
         x, y = _batch(n=12)
         settings = dict(l2_norm_clip=0.3, noise_multiplier=0.0,
@@ -181,6 +182,7 @@ class ComposesTest(parameterized.TestCase):
             for a, b in zip(*weights):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_adaptive_per_layer_clipping(self):
         x, y = _batch(n=12)
         for optimizer in _both(l2_norm_clip=10.0, noise_multiplier=1.0,

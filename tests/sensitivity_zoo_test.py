@@ -211,6 +211,7 @@ class MixingIsRefusedTest(parameterized.TestCase):
     @parameterized.parameters(
         (name, clipping, jit) for name in MIXING
         for clipping, jit in _SETTINGS)
+    @pytest.mark.slow
     def test_refused_naming_the_cause(self, name, clipping, jit_compile):
         build, loss, data, cause = MIXING[name]
         x, y = data()
@@ -238,6 +239,7 @@ class MixingIsRefusedTest(parameterized.TestCase):
                 private.train_on_batch(x, y)
         self.assertEqual(int(private.optimizer.iterations), 0)
 
+    @pytest.mark.slow
     def test_switched_off_lets_the_clip_loss_through(self):
         # Documented: only for models the user has verified. The measured
         # sensitivity then exceeds C, which is what the guard prevents.
@@ -247,6 +249,7 @@ class MixingIsRefusedTest(parameterized.TestCase):
             check_independence=False)
         self.assertGreater(sens, 1.0 + 1e-3)
 
+    @pytest.mark.slow
     def test_checked_again_after_compile_with_another_loss(self):
         x, y = _data()
         private = _private(_mlp(), "mse")
@@ -347,6 +350,7 @@ def _batches_seen(check_independence):
 
 class PoissonBatchesTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_guard_does_not_change_the_batches(self):
         with_guard = _batches_seen(True)
         without = _batches_seen(False)

@@ -17,6 +17,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_dpadam
@@ -70,6 +71,7 @@ class NoGradientPathTest(parameterized.TestCase):
     @parameterized.product(clipping=["auto", "vectorized"],
                            run_eagerly=[False, True],
                            how=["fit", "train_on_batch"])
+    @pytest.mark.slow
     def test_refused_before_any_step(self, clipping, run_eagerly, how):
         keras.utils.set_random_seed(0)
         model = _private(_base("cast"), clipping, run_eagerly=run_eagerly)
@@ -105,6 +107,7 @@ class NoGradientPathTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "No gradients provided"):
             base.fit(x, y, batch_size=B, epochs=1, verbose=0)
 
+    @pytest.mark.slow
     def test_a_partly_cut_model_trains(self):
         keras.utils.set_random_seed(0)
         model = _private(_base("half_cast"))
@@ -117,6 +120,7 @@ class NoGradientPathTest(parameterized.TestCase):
                              in zip(_weights(model), before)))
 
     @parameterized.parameters("plain", "dropout")
+    @pytest.mark.slow
     def test_a_differentiable_model_is_unchanged(self, kind):
         # The check traces in a graph of its own (no random state drawn,
         # nothing run): the weights after an epoch are those of a model

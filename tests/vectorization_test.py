@@ -12,6 +12,7 @@ from unittest import mock
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -259,6 +260,7 @@ class InternalsMovedTest(parameterized.TestCase):
             _check_lora_einsum_dense(self)
 
     @parameterized.parameters(False, True)
+    @pytest.mark.slow
     def test_private_clipped_sum_is_exact_and_bounded(self, jit):
         # A LoRA EinsumDense on sequences through the vectorized path of
         # make_private: its clipped sum against one-example tapes, and the
