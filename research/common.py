@@ -13,11 +13,16 @@ import tf_dpadam
 
 OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected", "dpadam_stp",
               "dpadam_disk")
-# How the reports name them.
+# The paper's three, as the comparison's plans, tables and plots name them
+# (`research.reproduce`, the results pages).
 OPTIMIZER_NAMES = {
     "dpsgd": "DP-SGD",
     "dpadam": "DP-Adam",
     "dpadam_corrected": "DP-AdamBC",
+}
+# Every --optimizer's name (issue 37 added the last two).
+OPTIMIZER_LABELS = {
+    **OPTIMIZER_NAMES,
     "dpadam_stp": "DP-Adam STP",  # scale-then-privatize
     "dpadam_disk": "DP-Adam DiSK",
 }

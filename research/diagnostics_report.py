@@ -133,7 +133,7 @@ def write_report(path, dataset, config, results, snapshots, command):
     snapshots = sorted(snapshots, key=lambda s: s.step)
     phi = snapshots[-1].phi
     gamma = snapshots[-1].gamma
-    name = common.OPTIMIZER_NAMES[config.optimizer]
+    name = common.OPTIMIZER_LABELS[config.optimizer]
     sections = diagnostics.render_report(snapshots, directory, prefix)
     steps_text = ", ".join(str(s.step) for s in snapshots)
     noise_seed_text = ("secret" if config.noise_seed is None

@@ -40,7 +40,7 @@ class MakeOptimizerTest(absltest.TestCase):
                    "dpadam_stp": tf_dpadam.DPAdamScaleThenPrivatize,
                    "dpadam_disk": tf_dpadam.DPAdamDiSK}
         self.assertEqual(set(classes), set(common.OPTIMIZERS))
-        self.assertEqual(set(common.OPTIMIZER_NAMES), set(common.OPTIMIZERS))
+        self.assertEqual(set(common.OPTIMIZER_LABELS), set(common.OPTIMIZERS))
         base = common.base_config("fashion_mnist", target_epsilon=7.0)
         for name, cls in classes.items():
             defaults = common.PAPER_DEFAULTS["fashion_mnist"]
