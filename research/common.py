@@ -182,8 +182,9 @@ def make_optimizer(config, accumulation_steps=1):
 ACCOUNTANT = "pld"
 
 
-def total_steps(config, num_examples):
-    """T: calibrated to --target_epsilon, or epochs * N / B."""
+def total_steps(config, num_examples, accountant=ACCOUNTANT):
+    """T: calibrated to --target_epsilon (by `accountant`), or
+    epochs * N / B."""
     if config.target_epsilon is not None:
         return tf_dpadam.calibrate_steps(
             target_epsilon=config.target_epsilon,
@@ -191,7 +192,7 @@ def total_steps(config, num_examples):
             batch_size=config.batch_size,
             noise_multiplier=config.noise_multiplier,
             delta=config.delta,
-            accountant=ACCOUNTANT,
+            accountant=accountant,
         )
     return max(1, round(config.epochs * num_examples / config.batch_size))
 

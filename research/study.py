@@ -159,6 +159,12 @@ def define_flags():
                        " calibrated per cell.")
     flags.DEFINE_float("l2_norm_clip", 1.0, "C.")
     flags.DEFINE_float("delta", 1e-5, "delta.")
+    flags.DEFINE_enum("calibration_accountant", "pld", ["pld", "rdp"],
+                      "The accountant that calibrates sigma to the epsilons"
+                      " (--epochs) or the steps (--noise_multiplier): rdp"
+                      " for the studies recorded before the binaries moved"
+                      " to PLD (regime_map_small, recipe_small), whose runs"
+                      " it reads back.")
     flags.DEFINE_integer("eval_every", 50, "DP steps between evaluations.")
     flags.DEFINE_integer("augmult", 0, "Augmentation multiplicity K (0:"
                          " none).")
@@ -255,7 +261,8 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
                     l2_norm_clip=1.0,
                     delta=1e-5, eval_every=50, augmult=0, ema_momentum=None,
                     normalization="none", cnn="paper", weight_decay=0.1,
-                    beta_2_high=0.9999, imbalance_ratio=1.0):
+                    beta_2_high=0.9999, imbalance_ratio=1.0,
+                    calibration_accountant="pld"):
     """The `StudyPlan` of study `name` for `num_examples` training images;
     None: the study's default (`STUDY_DEFAULTS`); the arguments are the
     flags'."""
@@ -280,7 +287,8 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
             noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip,
             delta=delta, eval_every=eval_every, augmult=augmult,
             ema_momentum=ema_momentum, normalization=normalization,
-            cnn=cnn, imbalance_ratio=imbalance_ratio)
+            cnn=cnn, imbalance_ratio=imbalance_ratio,
+            accountant=calibration_accountant)
         for eps in epsilons or defaults["epsilons"]
         for b in batch_sizes or defaults["batch_sizes"]]
     return study_plan.make_plan(
@@ -330,7 +338,8 @@ def main(argv):
             ema_momentum=FLAGS.ema_momentum,
             normalization=FLAGS.normalization, cnn=FLAGS.cnn,
             weight_decay=FLAGS.weight_decay, beta_2_high=FLAGS.beta_2_high,
-            imbalance_ratio=FLAGS.imbalance_ratio)
+            imbalance_ratio=FLAGS.imbalance_ratio,
+            calibration_accountant=FLAGS.calibration_accountant)
     if FLAGS.phase == "plan":
         print(describe(plan, FLAGS.seconds_per_epoch))
         return

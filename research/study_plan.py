@@ -133,11 +133,14 @@ def half_decade_grid(centre, span):
 
 
 def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
-                    delta, tolerance=EPSILON_TOLERANCE):
+                    delta, tolerance=EPSILON_TOLERANCE,
+                    accountant=common.ACCOUNTANT):
     """sigma whose `steps` Poisson-sampled steps spend epsilon in
-    [target_epsilon - tolerance, target_epsilon], with the accountant the
-    runs record their epsilon with (`common.ACCOUNTANT`, PLD; the studies
-    recorded before it moved from RDP were calibrated with RDP).
+    [target_epsilon - tolerance, target_epsilon] by `accountant`: by
+    default the one the runs record their epsilon with (`common.ACCOUNTANT`,
+    PLD); "rdp" gives the sigma of the studies recorded before the
+    binaries moved from RDP to PLD (RDP's epsilon bounds PLD's, so those
+    runs spend at most the target).
 
     `tf_dpadam.calibrate_noise_multiplier` brackets sigma within 1% (about
     1% of epsilon); this bisects its bracket further.
@@ -148,13 +151,12 @@ def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
     def epsilon(sigma):
         return tf_dpadam.epsilon_after_steps(
             steps=steps, num_examples=num_examples, batch_size=batch_size,
-            noise_multiplier=sigma, delta=delta,
-            accountant=common.ACCOUNTANT)
+            noise_multiplier=sigma, delta=delta, accountant=accountant)
 
     high = tf_dpadam.calibrate_noise_multiplier(
         target_epsilon=target_epsilon, num_examples=num_examples,
         batch_size=batch_size, steps=steps, delta=delta,
-        accountant=common.ACCOUNTANT)
+        accountant=accountant)
     low = high / 1.01  # eps(low) > target >= eps(high).
     while epsilon(high) < target_epsilon - tolerance:
         middle = 0.5 * (low + high)
@@ -178,15 +180,19 @@ class Cell:
     base: common.TrainConfig
     steps: int
     num_examples: int
+    # The accountant that calibrated sigma (epochs given) or the steps.
+    accountant: str = common.ACCOUNTANT
 
 
 def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
               noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
               eval_every=50, augmult=0, ema_momentum=None,
-              normalization="none", cnn="paper", imbalance_ratio=1.0):
+              normalization="none", cnn="paper", imbalance_ratio=1.0,
+              accountant=common.ACCOUNTANT):
     """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
     `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
-    (the most steps within `target_epsilon`). ema_momentum: None for no
+    (the most steps within `target_epsilon`), by `accountant` ("pld" or
+    "rdp", see `calibrate_noise`). ema_momentum: None for no
     parameter averaging. imbalance_ratio < 1: the training set's classes
     cut geometrically (`research.imbalance`); `num_examples` is then the
     size of the cut set."""
@@ -200,11 +206,11 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
         noise_multiplier=noise_multiplier or 1.0, batch_size=batch_size,
         target_epsilon=None if epochs else target_epsilon, delta=delta,
         epochs=epochs, eval_every=eval_every)
-    steps = common.total_steps(base, num_examples)
+    steps = common.total_steps(base, num_examples, accountant=accountant)
     if epochs is not None:
         base = dataclasses.replace(base, noise_multiplier=calibrate_noise(
             target_epsilon, num_examples=num_examples, batch_size=batch_size,
-            steps=steps, delta=delta))
+            steps=steps, delta=delta, accountant=accountant))
     base = dataclasses.replace(
         base, augmult=augmult, normalization=normalization, cnn=cnn,
         ema=ema_momentum is not None,
@@ -213,7 +219,8 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
     name = f"eps{target_epsilon:g}_B{batch_size}"
     if imbalance_ratio < 1:
         name += f"_imbalance{imbalance_ratio:g}"
-    return Cell(name, float(target_epsilon), base, steps, num_examples)
+    return Cell(name, float(target_epsilon), base, steps, num_examples,
+                accountant)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,14 +88,15 @@ def _header(*columns):
 
 
 def _settings_table(plan):
-    lines = _header("cell", "ε (target)", "δ", "B", "N", "steps", "epochs",
-                    "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
+    lines = _header("cell", "ε (target)", "calibrated by", "δ", "B", "N",
+                    "steps", "epochs", "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
                     "normalization", "CNN")
     for cell in plan.cells:
         c = cell.base
         phi = (c.noise_multiplier * c.l2_norm_clip / c.batch_size) ** 2
         lines.append(
-            f"| {cell.name} | {cell.target_epsilon:g} | {c.delta:g} |"
+            f"| {cell.name} | {cell.target_epsilon:g} |"
+            f" {cell.accountant.upper()} | {c.delta:g} |"
             f" {c.batch_size} | {cell.num_examples} | {cell.steps} |"
             f" {cell.steps * c.batch_size / cell.num_examples:.3g} |"
             f" {c.noise_multiplier:.5g} | {phi:.3g} | {c.l2_norm_clip:g} |"

@@ -34,9 +34,14 @@ def numpy_per_example_grads(w, b, x, y):
     return [np.einsum("ni,nk->nik", x, residual), residual]
 
 
-def numpy_preconditioner(v, done):
-    v_hat = v / (1 - _BETA_2**done) if done > 0 else np.zeros_like(v)
-    return 1.0 / (np.sqrt(v_hat) + _EPS_S)
+def numpy_preconditioner(velocities, done, eps_s=_EPS_S):
+    """r / (sqrt(v_hat) + eps_s), r the RMS of the denominators over all."""
+    denominators = [
+        np.sqrt(v / (1 - _BETA_2**done) if done > 0 else np.zeros_like(v))
+        + eps_s for v in velocities]
+    flat = np.concatenate([d.ravel() for d in denominators])
+    rms = np.sqrt(np.mean(flat**2))
+    return [rms / d for d in denominators]
 
 
 class NumpySTP:
@@ -49,7 +54,7 @@ class NumpySTP:
         self.t = 0
 
     def scales(self):
-        return [numpy_preconditioner(v, self.t) for v in self.v]
+        return numpy_preconditioner(self.v, self.t)
 
     def private_gradient(self, x, y, clip, batch_size):
         """The noise-free scaled private gradient sum_i clip(s g_i) / B."""
@@ -99,16 +104,31 @@ def _private(model, noise_multiplier, clip, batch_size, lr, **kwargs):
 class PreconditionerTest(absltest.TestCase):
 
     def test_matches_numpy(self):
-        v = np.random.default_rng(0).uniform(0, 2, size=(4, 3))
+        rng = np.random.default_rng(0)
+        v = [rng.uniform(0, 2, size=(4, 3)), rng.uniform(0, 1e-4, size=5)]
         for done in (0, 1, 7):
-            np.testing.assert_allclose(
-                np.asarray(stp.preconditioner(v, done, _BETA_2, _EPS_S)),
-                numpy_preconditioner(v, done),
-                rtol=1e-4)  # float32's 1 - beta_2^t: 2^-24 / 0.001 at t = 1.
+            got = stp.preconditioner(v, done, _BETA_2, _EPS_S)
+            for a, b in zip(got, numpy_preconditioner(v, done)):
+                # float32's 1 - beta_2^t: 2^-24 / 0.001 at t = 1.
+                np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4)
 
-    def test_uniform_before_the_first_step(self):
-        s = np.asarray(stp.preconditioner(np.ones(3), 0, _BETA_2, 0.5))
-        np.testing.assert_allclose(s, 2.0)
+    def test_shape_of_adams_scale_with_an_rms_of_one(self):
+        rng = np.random.default_rng(1)
+        v = [rng.uniform(0, 2, size=(4, 3)), rng.uniform(0, 1e-4, size=5)]
+        s = [np.asarray(x, "float64")
+             for x in stp.preconditioner(v, 7, _BETA_2, _EPS_S)]
+        inverse = np.concatenate([1 / x.ravel() for x in s])
+        self.assertAlmostEqual(np.sqrt(np.mean(inverse**2)), 1.0, delta=1e-5)
+        # Proportional to Adam's 1 / (sqrt(v_hat) + eps_s), across variables.
+        adam = np.concatenate([
+            1 / (np.sqrt(x.ravel() / (1 - _BETA_2**7)) + _EPS_S) for x in v])
+        ratio = np.concatenate([x.ravel() for x in s]) / adam
+        np.testing.assert_allclose(ratio, ratio[0], rtol=1e-4)
+
+    def test_one_before_the_first_step(self):
+        for scale in stp.preconditioner([np.ones(3), np.ones((2, 2))], 0,
+                                        _BETA_2, 0.5):
+            np.testing.assert_allclose(np.asarray(scale), 1.0)
 
 
 class LockstepTest(parameterized.TestCase):
@@ -150,6 +170,31 @@ class LockstepTest(parameterized.TestCase):
             reference.apply(noisy, 0.01)
             for got, want in zip(model.get_weights(), reference.weights):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+    def test_second_moment_keeps_the_noise_scale(self):
+        # Noise-dominated steps (sigma C / B per coordinate in the scaled
+        # space; the clipped signal adds at most C^2 / d = 1e-6 Phi to the
+        # mean): g_tilde_j = noise_j / s_j with RMS(1 / s) = 1, so the mean
+        # of v_hat over the coordinates is Phi = (sigma C / B)^2 in
+        # expectation, whatever s. The paper's unnormalized s = 1 /
+        # (sqrt(v_hat) + eps_s) gives 1 / eps_s^2 = 1e6 times less here
+        # (s stays near 1 / eps_s: the noise it lets through is too small
+        # to move v_hat), the collapse that stalled training.
+        features, outputs, n, clip, sigma = 64, 32, 16, 0.05, 5.0
+        x, y = _batch(n, features, outputs)
+        model = _dense_model(features=features, outputs=outputs)
+        private = _private(model, sigma, clip, batch_size=n, lr=1e-4)
+        for _ in range(20):
+            private.train_on_batch(x, y)
+        optimizer = private.optimizer
+        correction = 1 - _BETA_2**int(optimizer.iterations)
+        v_hat = np.concatenate([
+            np.asarray(optimizer.moments(v)[1]).ravel() / correction
+            for v in model.trainable_variables])
+        phi = (sigma * clip / n) ** 2
+        # 2,080 coordinates x 20 steps: the mean is within a few percent.
+        self.assertBetween(np.mean(v_hat) / phi, 0.8, 1.25)
 
 
 def _both(**kwargs):

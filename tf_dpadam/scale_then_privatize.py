@@ -10,6 +10,7 @@ estimate, clipped in that geometry, summed and noised, and the scaling is
 undone on the noised sum before Adam's update.
 """
 
+import math
 from typing import Mapping, Optional, Union
 
 import keras
@@ -24,35 +25,55 @@ from tf_dpadam.optimizers import DPAdam
 __all__ = ["DPAdamScaleThenPrivatize", "preconditioner"]
 
 
-def preconditioner(velocity, iterations, beta_2, scale_epsilon):
-    """s_t = 1 / (sqrt(v_hat_{t-1}) + eps_s), float32.
+def preconditioner(velocities, iterations, beta_2, scale_epsilon):
+    """s_t of every variable: r / (sqrt(v_hat_{t-1}) + eps_s), float32.
+
+    r is the root mean square of sqrt(v_hat_{t-1}) + eps_s over every
+    coordinate of every variable, so that 1 / s_t has an RMS of 1: s_t
+    changes the shape of the geometry in which the step clips, not its
+    size. Without r (JAX Privacy's form), C would be a norm in units of
+    sqrt(v_hat); then each step's private gradient, and so the next v_hat,
+    scales with the last one, and under DP noise v_hat shrinks every step
+    (by about (sigma C / B)^2 + C^2 / d at C = 1) until eps_s alone sets
+    the scale: measured on Fashion-MNIST's small CNN at epsilon = 3 and
+    B = 256, 35% test accuracy after 1,400 of 2,344 steps (lr 3e-3) where
+    tuned DP-Adam ends at 84.5%.
 
     Args:
-        velocity: Adam's second moment v after t - 1 = `iterations` steps
-            (not bias-corrected; 0 before the first step).
+        velocities: Adam's second moments v after t - 1 = `iterations`
+            steps (not bias-corrected; 0 before the first step), one per
+            variable.
         iterations: t - 1, the number of steps applied so far.
         beta_2: Adam's beta_2.
         scale_epsilon: eps_s > 0.
 
     Returns:
-        s, of `velocity`'s shape: 1 / eps_s before the first step, then
-        with v_hat_{t-1} = v / (1 - beta_2^(t-1)).
+        s of each of `velocities` (its shape): 1 everywhere before the first
+        step, then with v_hat_{t-1} = v / (1 - beta_2^(t-1)).
     """
-    velocity = ops.cast(velocity, "float32")
     done = ops.cast(iterations, "float32")
     correction = 1.0 - ops.power(ops.cast(beta_2, "float32"), done)
-    v_hat = ops.where(done > 0, velocity / ops.maximum(correction, 1e-30),
-                      ops.zeros_like(velocity))
-    return 1.0 / (ops.sqrt(v_hat) + scale_epsilon)
+    denominators = []
+    for velocity in velocities:
+        velocity = ops.cast(velocity, "float32")
+        v_hat = ops.where(done > 0,
+                          velocity / ops.maximum(correction, 1e-30),
+                          ops.zeros_like(velocity))
+        denominators.append(ops.sqrt(v_hat) + scale_epsilon)
+    count = sum(math.prod(d.shape) for d in denominators)
+    rms = ops.sqrt(sum(ops.sum(ops.square(d)) for d in denominators)
+                   / float(count))
+    return [rms / d for d in denominators]
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
 class DPAdamScaleThenPrivatize(DPAdam):
     __doc__ = r"""DP-Adam with scale-then-privatize (Ganesh, McMahan & Thakurta 2025).
 
-    At step t, with s_t = 1 / (sqrt(v_hat_{t-1}) + eps_s) from Adam's
-    second moment after the previous step (`preconditioner`; 1 / eps_s
-    before the first step):
+    At step t, with s_t = r / (sqrt(v_hat_{t-1}) + eps_s) from Adam's
+    second moment after the previous step, r making the root mean square of
+    1 / s_t over all the coordinates 1 (`preconditioner`; s_1 = 1, so the
+    first step is DP-Adam's):
 
         g_tilde_scaled = (sum_i clip(s_t * g_i, C) + N(0, sigma^2 C^2 I)) / B
         g_tilde = g_tilde_scaled / s_t
@@ -62,23 +83,27 @@ class DPAdamScaleThenPrivatize(DPAdam):
     is a norm in the scaled geometry, where a coordinate's gradient is
     measured against its own typical size: coordinates with a small second
     moment get less noise (sigma C / (B s_t) in gradient units), where DP-Adam
-    and DP-AdamBC add the same noise everywhere. Adam's update is scale-free,
-    so the size of s_t does not matter, only its shape; `scale_epsilon`
-    bounds how far a coordinate whose v_hat is tiny can be magnified.
+    and DP-AdamBC add the same noise everywhere. The total noise is
+    DP-Adam's (the RMS of 1 / s_t is 1) and C keeps its meaning: r only
+    fixes the size of s_t, whose shape is the preconditioner (see
+    `preconditioner` for why the paper's unnormalized s_t fails under DP
+    noise). `scale_epsilon` bounds how far a coordinate whose v_hat is tiny
+    can be magnified.
 
     Privacy: unchanged, and accounted as DP-SGD with the same sigma, q and
     steps. Each example adds one vector of norm at most C (in the scaled
     space) to the sum, and s_t depends only on v_{t-1}, a function of the
-    previous steps' private outputs: a fixed, public linear map for step t
-    given the past, so the release of step t is the Gaussian mechanism of
-    sensitivity C, and dividing by s_t afterwards is post-processing.
+    previous steps' private outputs (r too): a fixed, public linear map for
+    step t given the past, so the release of step t is the Gaussian
+    mechanism of sensitivity C, and dividing by s_t afterwards is
+    post-processing.
 
     The step needs each example's full gradient (the vectorized path;
     `make_private(clipping="ghost")` raises). The clipped sum that the
     diagnostics' `clean_gradients` show is in the scaled space.
 """ + DP_ARGS_DOC + r"""        learning_rate, beta_1, beta_2, epsilon, amsgrad: Keras Adam's
             (`epsilon` outside the square root of Adam's update).
-        scale_epsilon: eps_s > 0 in s_t = 1 / (sqrt(v_hat) + eps_s).
+        scale_epsilon: eps_s > 0 in s_t = r / (sqrt(v_hat) + eps_s).
         **kwargs: other Keras optimizer arguments, as for `DPAdam`.
     """
 
@@ -111,23 +136,26 @@ class DPAdamScaleThenPrivatize(DPAdam):
         self.scale_epsilon = float(scale_epsilon)
 
     def scales(self, variables) -> list:
-        """s_t of each of `variables` (float32; the optimizer is built)."""
-        return [
-            preconditioner(self.moments(v)[1], self.iterations, self.beta_2,
-                           self.scale_epsilon)
-            for v in variables
-        ]
+        """s_t of each of `variables` (float32; the optimizer is built),
+        normalized over all the variables the optimizer updates."""
+        everything = self._trainable_variables
+        scales = preconditioner([self.moments(v)[1] for v in everything],
+                                self.iterations, self.beta_2,
+                                self.scale_epsilon)
+        return [scales[self.variable_index(v)] for v in variables]
 
     def per_example_transform(self, variables):
         return preclip.PerExampleTransform(scales=self.scales(variables))
 
-    def update_step(self, gradient, variable, learning_rate):
-        # v is still v_{t-1} here: undo the scaling the step clipped in.
-        scale = preconditioner(self.moments(variable)[1], self.iterations,
-                               self.beta_2, self.scale_epsilon)
-        gradient = ops.cast(gradient, "float32") / scale
-        super().update_step(ops.cast(gradient, variable.dtype), variable,
-                            learning_rate)
+    def apply(self, grads, trainable_variables=None):
+        if not self._private_apply_depth:
+            return super().apply(grads, trainable_variables)  # Raises.
+        # Every v is still v_{t-1} here: undo the scaling the step clipped
+        # in, for all the variables before any of them is updated.
+        variables = trainable_variables or self._trainable_variables
+        grads = [ops.cast(ops.cast(g, "float32") / s, g.dtype)
+                 for g, s in zip(grads, self.scales(variables))]
+        return super().apply(grads, trainable_variables)
 
     def get_config(self):
         config = super().get_config()

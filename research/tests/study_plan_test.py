@@ -68,6 +68,29 @@ class CellTest(parameterized.TestCase):
         sigmas = [c.base.noise_multiplier for c in cells]
         self.assertEqual(sigmas, sorted(sigmas))
         self.assertGreater(sigmas[-1], 1.1 * sigmas[0])
+    def test_rdp_calibration_gives_the_recorded_studies_sigma(self):
+        # research/run_records/regime_map_small's runs were calibrated with
+        # RDP before the binaries moved to PLD: eps3_B256 (10 epochs)
+        # recorded sigma 0.7419272708403193. A cell calibrated by RDP must
+        # give that sigma to read those runs back.
+        rdp = study_plan.make_cell(target_epsilon=3.0, batch_size=256,
+                                   num_examples=60_000, epochs=10.0,
+                                   accountant="rdp")
+        self.assertEqual(rdp.accountant, "rdp")
+        self.assertAlmostEqual(rdp.base.noise_multiplier, 0.7419272708403193,
+                               delta=1e-9)
+        spent = tf_dpadam.epsilon_after_steps(
+            steps=rdp.steps, num_examples=60_000, batch_size=256,
+            noise_multiplier=rdp.base.noise_multiplier, delta=1e-5,
+            accountant="rdp")
+        self.assertBetween(spent, 3.0 - 1e-3, 3.0)
+        # PLD is tighter: it needs less noise for the same target.
+        pld = study_plan.make_cell(target_epsilon=3.0, batch_size=256,
+                                   num_examples=60_000, epochs=10.0)
+        self.assertEqual(pld.accountant, "pld")
+        self.assertLess(pld.base.noise_multiplier,
+                        0.97 * rdp.base.noise_multiplier)
+
 
     def test_fixed_sigma_calibrates_the_steps(self):
         cell = study_plan.make_cell(target_epsilon=3.0, batch_size=16,

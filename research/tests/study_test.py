@@ -151,6 +151,17 @@ class StudyTest(absltest.TestCase):
             study.study(other, train_fn, phase="all", output_dir=output_dir,
                         command="python -m x", machine={})
         self.assertEmpty(trained)
+        # So is one whose sigma another accountant calibrated.
+        self.assertIn("| eps3_B32 | 3 | PLD | 1e-05 | 32 |", page)
+        rdp = study.make_study_plan("regime_map",
+                                    calibration_accountant="rdp", **settings)
+        self.assertGreater(rdp.cell("eps3_B32").base.noise_multiplier,
+                           sigma)
+        with self.assertRaisesRegex(ValueError, r"other hyperparameters"
+                                                r" \(noise_multiplier\)"):
+            study.study(rdp, train_fn, phase="all", output_dir=output_dir,
+                        command="python -m x", machine={})
+        self.assertEmpty(trained)
 
 
 class StudyPlanSettingsTest(absltest.TestCase):
