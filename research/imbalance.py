@@ -78,3 +78,21 @@ def per_class_measure(x_test, y_test, batch_size=512):
                 "worst_class_accuracy": float(np.nanmin(accuracies))}
 
     return measure
+
+
+def combine_measures(*measures):
+    """One `measure(model)` returning the union of the dicts of `measures`
+    (None entries skipped; a key measured twice raises)."""
+    measures = [m for m in measures if m is not None]
+
+    def measure(model):
+        results = {}
+        for m in measures:
+            found = m(model)
+            twice = set(found) & set(results)
+            if twice:
+                raise ValueError(f"Measured twice: {sorted(twice)}.")
+            results.update(found)
+        return results
+
+    return measure

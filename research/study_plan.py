@@ -312,6 +312,8 @@ class StudyRecord:
     run: Run
     record: runs.Record
     moments: dict
+    # The lowest test accuracy of a class (runs on imbalanced data only).
+    worst_class_accuracy: float | None = None
 
     @property
     def accuracy(self):
@@ -325,7 +327,8 @@ def load(plan, run):
     if record is None:
         return None
     metrics = runs.read_json(os.path.join(config.model_dir, runs.METRICS))
-    return StudyRecord(run, record, metrics.get("final_moments") or {})
+    return StudyRecord(run, record, metrics.get("final_moments") or {},
+                       metrics.get("worst_class_accuracy"))
 
 
 def tuning_runs(plan):

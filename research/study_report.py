@@ -47,7 +47,12 @@ def best_summaries(plan, records):
             study_plan.Run(*key, lr, seed) for seed in plan.seeds)
             if r in records]
         mean, std, n = comparison.aggregate_seeds(r.accuracy for r in found)
+        worst = [r.worst_class_accuracy for r in found
+                 if r.worst_class_accuracy is not None]
+        worst_mean, worst_std, _ = (comparison.aggregate_seeds(worst)
+                                    if worst else (math.nan, math.nan, 0))
         summaries[key] = dict(
+            worst_mean=worst_mean, worst_std=worst_std,
             lr=lr, mean=mean, std=std, n=n,
             edge=comparison.at_edge(lr, tuned[key]),
             vc=_mean_of(r.moments.get("median_vc_over_phi") for r in found),
@@ -128,9 +133,13 @@ def _variants_table(plan):
 
 
 def _best_table(plan, summaries):
+    # Imbalanced cells: the worst class's test accuracy too (the test set is
+    # balanced, so the accuracy is the mean over the classes).
+    classes = any(c.base.imbalance_ratio < 1 for c in plan.cells)
     lines = _header("cell", "variant", "best lr", "seeds",
-                    "test accuracy (%), mean ± std", "median (v̂ − Φ)/Φ",
-                    "v̂ − Φ < γ'")
+                    "test accuracy (%), mean ± std",
+                    *(["worst class (%), mean ± std"] if classes else []),
+                    "median (v̂ − Φ)/Φ", "v̂ − Φ < γ'")
     for cell in plan.cells:
         for variant in plan.variants:
             s = summaries.get((cell.name, variant.name))
@@ -141,10 +150,13 @@ def _best_table(plan, summaries):
             below = ("n/a" if math.isnan(s["below"])
                      else f"{100 * s['below']:.0f}%")
             edge = " (at an end of the rates tried)" if s["edge"] else ""
+            worst = (f" {_number(100 * s['worst_mean'], '.2f')} ±"
+                     f" {_number(100 * s['worst_std'], '.2f')} |"
+                     if classes else "")
             lines.append(f"| {cell.name} | {variant.label} |"
                          f" {s['lr']:g}{edge} |"
-                         f" {s['n']} | {accuracy} | {_number(s['vc'])} |"
-                         f" {below} |")
+                         f" {s['n']} | {accuracy} |{worst}"
+                         f" {_number(s['vc'])} | {below} |")
     return lines
 
 
@@ -335,12 +347,16 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned,
             "ema_momentum": (cell.base.ema_momentum if cell.base.ema
                              else None),
             "normalization": cell.base.normalization, "cnn": cell.base.cnn,
+            "imbalance_ratio": cell.base.imbalance_ratio,
+            "calibrated_by": cell.accountant,
         } for cell in plan.cells],
         "best": [{
             "cell": cell, "variant": variant,
             "label": plan.variant(variant).label, "learning_rate": s["lr"],
             "mean": s["mean"], "std": s["std"], "seeds": s["n"],
             "at_edge": s["edge"], "median_vc_over_phi": _finite(s["vc"]),
+            "worst_class_mean": _finite(s["worst_mean"]),
+            "worst_class_std": _finite(s["worst_std"]),
         } for cell in cells for variant in (v.name for v in plan.variants)
             for s in [summaries.get((cell, variant))] if s is not None],
         "gaps": [{

@@ -102,8 +102,8 @@ def run(dataset, data_dir, config, max_examples=None, *,
         if data_source:
             raise ValueError("--imbalance_ratio needs in-memory data, not"
                              " --data_source.")
-        kwargs.setdefault("measure",
-                          imbalance.per_class_measure(x_test, y_test))
+        kwargs["measure"] = imbalance.combine_measures(
+            kwargs.get("measure"), imbalance.per_class_measure(x_test, y_test))
     return training.fit_private(
         lambda: models.make_cnn(input_shape, num_classes,
                                 config.normalization, cnn=config.cnn),

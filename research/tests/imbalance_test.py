@@ -10,6 +10,7 @@ from absl.testing import absltest
 from research import common
 from research import datasets
 from research import imbalance
+from research import study_moments
 from research import train_image
 
 
@@ -75,6 +76,14 @@ class AccuracyTest(absltest.TestCase):
         self.assertAlmostEqual(measured["mean_class_accuracy"], 2.5 / 3)
         self.assertEqual(measured["worst_class_accuracy"], 0.5)
 
+    def test_combine_measures(self):
+        both = imbalance.combine_measures(lambda m: {"a": m}, None,
+                                          lambda m: {"b": 2 * m})
+        self.assertEqual(both(3), {"a": 3, "b": 6})
+        twice = imbalance.combine_measures(lambda m: {"a": 1},
+                                           lambda m: {"a": 2})
+        with self.assertRaisesRegex(ValueError, "Measured twice.*'a'"):
+            twice(0)
 
 
 class TrainImageTest(absltest.TestCase):
@@ -91,7 +100,11 @@ class TrainImageTest(absltest.TestCase):
             cnn="small", imbalance_ratio=0.1, eval_every=1000)
         results = train_image.run("fashion_mnist", None, config,
                                   max_examples=1000, max_test_examples=500,
-                                  max_steps=2, verbose=0)
+                                  max_steps=2, verbose=0,
+                                  measure=study_moments.final_moments)
+        # The study's own measure (Adam's moments) is kept beside the
+        # classes'.
+        self.assertIn("median_vc_over_phi", results["final_moments"])
         counts = np.bincount(
             datasets.load_image_dataset("fashion_mnist")[0][1][:1000],
             minlength=10)

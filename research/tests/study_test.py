@@ -14,6 +14,7 @@ import numpy as np
 from absl.testing import absltest
 
 from research import datasets
+from research import imbalance
 from research import study
 from research import study_plan
 
@@ -162,6 +163,51 @@ class StudyTest(absltest.TestCase):
             study.study(rdp, train_fn, phase="all", output_dir=output_dir,
                         command="python -m x", machine={})
         self.assertEmpty(trained)
+
+
+class ImbalanceStudyTest(absltest.TestCase):
+
+    def test_worst_class_reaches_the_report(self):
+        # A cut training set: each run also measures every class's test
+        # accuracy beside Adam's moments, and the report and its JSON show
+        # the worst class's mean over seeds.
+        work = tempfile.mkdtemp()
+        (_, y_train), _ = _tiny_images(num_train=200)
+        num_examples = sum(imbalance.geometric_class_sizes(
+            np.bincount(y_train, minlength=10), 0.25))
+        plan = study.make_study_plan(
+            "regime_map", num_examples=num_examples,
+            runs_dir=os.path.join(work, "runs"), data=study_plan.data_spec(),
+            batch_sizes=["16"], epsilons=["3"], epochs=1.0,
+            variants=["dpadam_stp"], lr_span=0, seeds=["0", "1"],
+            eval_every=100, imbalance_ratio=0.25)
+        train = study_plan.make_train_fn()
+
+        def train_fn(config):
+            with mock.patch.object(datasets, "load_image_dataset",
+                                   return_value=_tiny_images(num_train=200)):
+                return train(config)
+
+        path = study.study(plan, train_fn, phase="all",
+                           output_dir=os.path.join(work, "docs"),
+                           command="python -m x", machine={})
+        records = study_plan.collect(plan)
+        self.assertLen(records, 2)
+        worst = [r.worst_class_accuracy for r in records.values()]
+        for record in records.values():
+            self.assertIn("median_vc_over_phi", record.moments)
+            self.assertBetween(record.worst_class_accuracy, 0.0,
+                               record.accuracy)
+        with open(path) as f:
+            page = f.read()
+        self.assertIn("worst class (%), mean ± std", page)
+        self.assertIn(f" {100 * np.mean(worst):.2f} ±"
+                      f" {100 * np.std(worst, ddof=1):.2f} |", page)
+        with open(path[:-3] + ".json") as f:
+            summary = json.load(f)
+        self.assertAlmostEqual(summary["best"][0]["worst_class_mean"],
+                               np.mean(worst))
+        self.assertEqual(summary["cells"][0]["imbalance_ratio"], 0.25)
 
 
 class StudyPlanSettingsTest(absltest.TestCase):
