@@ -91,6 +91,20 @@ class CellTest(parameterized.TestCase):
         self.assertLess(pld.base.noise_multiplier,
                         0.97 * rdp.base.noise_multiplier)
 
+    def test_rdp_calibrated_steps_are_the_steps_the_runs_train(self):
+        # The paper CNN's cell of research/results/RESULTS_fashion_mnist.md
+        # (sigma = 0.52, B = 256, epsilon = 7): 719 steps by RDP, which the
+        # runs must train although they count with PLD (1,468 steps).
+        rdp = study_plan.make_cell(target_epsilon=7.0, batch_size=256,
+                                   num_examples=60_000, noise_multiplier=0.52,
+                                   accountant="rdp")
+        self.assertEqual(rdp.steps, 719)
+        self.assertEqual(common.total_steps(rdp.base, 60_000), 719)
+        pld = study_plan.make_cell(target_epsilon=7.0, batch_size=256,
+                                   num_examples=60_000, noise_multiplier=0.52)
+        self.assertEqual(common.total_steps(pld.base, 60_000), pld.steps)
+        self.assertGreater(pld.steps, 1.5 * 719)
+
 
     def test_fixed_sigma_calibrates_the_steps(self):
         cell = study_plan.make_cell(target_epsilon=3.0, batch_size=16,
