@@ -74,14 +74,17 @@ FLAGS = flags.FLAGS
 # "dpadam_corrected" uses make_private's default (ghost clipping where the
 # model allows it); "+vectorized" forces the vectorized per-example path;
 # "+secure" is make_private(secure_mode=True) (each noise value a sum of
-# several normals). "dpadam_stp" (DPAdamScaleThenPrivatize) and
-# "dpadam_disk" (DPAdamDiSK) transform each example's gradient before
-# clipping, so they always take the vectorized path.
+# several normals). "dpadam_stp" (DPAdamScaleThenPrivatize) scales each
+# example's gradient before clipping: ghost clipping's scaled norms where the
+# model allows ("+vectorized": the vectorized path); "dpadam_disk"
+# (DPAdamDiSK) takes each example's gradient at shifted weights too, so it
+# always takes the vectorized path.
 _VARIANTS = {
     "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
-            "dpadam_corrected+vectorized", "dpadam_stp", "dpadam_disk"],
+            "dpadam_corrected+vectorized", "dpadam_stp",
+            "dpadam_stp+vectorized", "dpadam_disk"],
     "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
-             "dpadam_stp", "dpadam_disk"],
+             "dpadam_stp", "dpadam_stp+vectorized", "dpadam_disk"],
     "cnn_accum": ["dpadam_corrected"],
     "lora": ["nonprivate", "dpadam_corrected"],
     "full": ["nonprivate", "dpadam_corrected"],

@@ -11,7 +11,9 @@ with d_j computed from one-example `tf.GradientTape`s in eager mode (at the
 shifted weights too, assigned to the model for the reference), the transform
 and the clipping in NumPy (float64). The optimizer's state is set by hand to
 a step t = 4 with a non-uniform preconditioner (scale-then-privatize) or a
-non-zero shift (DiSK); C is just above the median norm.
+non-zero shift (DiSK); C is just above the median norm. Scale-then-privatize
+runs both on the vectorized path and with `clipping="auto"`, which takes
+ghost clipping's scaled norms where the model allows.
 """
 
 import keras
@@ -59,8 +61,11 @@ def _scale_then_privatize(case, rng):
     velocities = [rng.uniform(0.01, 1.0, size=v.shape) ** 4
                   for v in variables]
     correction = 1 - _BETA_2**_STEPS_DONE
-    scales = [1 / (np.sqrt(v / correction) + _SCALE_EPSILON)
-              for v in velocities]
+    denominators = [np.sqrt(v / correction) + _SCALE_EPSILON
+                    for v in velocities]
+    rms = np.sqrt(np.mean(np.concatenate(
+        [d.ravel() for d in denominators]) ** 2))
+    scales = [rms / d for d in denominators]
     vectors = [[g * s for g, s in zip(example, scales)]
                for example in zoo._per_example_gradients(case)]
     clip = _median_clip(vectors)
@@ -105,25 +110,51 @@ _OPTIMIZERS = {"scale_then_privatize": _scale_then_privatize,
                "disk": _disk}
 
 
+# Scale-then-privatize's ghost norms (`ghost_clipping.blocks`, scale_sq):
+# every entry but these takes them under clipping="auto" (WSConv2D's
+# standardized kernel has no scaled ghost norm; ghost clipping refuses
+# activity regularizers).
+_STP_NOT_GHOST = ("ws_conv2d_group_norm", "activity_regularizer")
+# More of ghost clipping's blocks under a scale (scale-then-privatize with
+# clipping="auto" only): convolutions (patches), repeated embedding ids
+# (one segment per id), layer normalization, keras-hub's position
+# embedding and LoRA on a convolution.
+_STP_GHOST_ENTRIES = ("conv2d_same_strided", "conv1d_strided_groups",
+                      "embedding_repeated_ids", "layer_norm",
+                      "position_embedding",
+                      "lora_conv2d_same_strided_after_build")
+
+
 def _cases():
     for name in _ENTRIES:
-        for optimizer in _OPTIMIZERS:
-            yield f"_{name}_{optimizer}", name, optimizer, False
+        yield (f"_{name}_disk", name, "disk", False, "auto", "vectorized")
+        yield (f"_{name}_scale_then_privatize", name, "scale_then_privatize",
+               False, "vectorized", "vectorized")
+        yield (f"_{name}_scale_then_privatize_auto", name,
+               "scale_then_privatize", False, "auto",
+               "vectorized" if name in _STP_NOT_GHOST else "ghost")
+    for name in _STP_GHOST_ENTRIES:
+        yield (f"_{name}_scale_then_privatize_auto", name,
+               "scale_then_privatize", False, "auto", "ghost")
     for optimizer in _OPTIMIZERS:
-        yield f"_dense_{optimizer}_xla", "dense", optimizer, True
+        yield (f"_dense_{optimizer}_xla", "dense", optimizer, True,
+               "vectorized", "vectorized")
+    yield ("_dense_scale_then_privatize_ghost_xla", "dense",
+           "scale_then_privatize", True, "ghost", "ghost")
 
 
 class PreclipZooTest(parameterized.TestCase):
 
     @parameterized.named_parameters(_cases())
-    def test_one_step(self, name, optimizer_name, jit):
+    def test_one_step(self, name, optimizer_name, jit, clipping, used):
         self.assertIsNone(zoo._ZOO[name].refused)
         case = zoo._build(name)
         model = case.model
         before = zoo._values(model.trainable_variables)
         optimizer, set_state, want = _OPTIMIZERS[optimizer_name](
             case, np.random.default_rng(7))
-        private = tf_dpadam.make_private(model, seed=0, diagnostics=True)
+        private = tf_dpadam.make_private(model, seed=0, diagnostics=True,
+                                         clipping=clipping)
         private.compile(optimizer=optimizer, loss=case.loss,
                         loss_weights=case.loss_weights, jit_compile=jit)
         self.assertTrue(optimizer.built)
@@ -131,7 +162,8 @@ class PreclipZooTest(parameterized.TestCase):
         set_state()
         private.train_on_batch(case.x, case.y,
                                sample_weight=case.sample_weight)
-        self.assertEqual(private.clipping_used, "vectorized")
+        self.assertEqual(private.clipping_used, used,
+                         private.ghost_unsupported_reason)
         got = [np.asarray(keras.ops.convert_to_numpy(v), "float64")
                for v in private.clean_gradients]
         error = np.sqrt(sum(np.sum(np.square(g - w))

@@ -133,18 +133,22 @@ class PreconditionerTest(absltest.TestCase):
 
 class LockstepTest(parameterized.TestCase):
 
-    @parameterized.parameters(0.05, 100.0)  # Most clipped; none clipped.
-    def test_noise_free_steps(self, clip):
+    # Most clipped; none clipped; ghost clipping's scaled norms or the
+    # vectorized map.
+    @parameterized.product(clip=(0.05, 100.0),
+                           clipping=("ghost", "vectorized"))
+    def test_noise_free_steps(self, clip, clipping):
         x, y = _batch()
         model = _dense_model()
         reference = NumpySTP(model.get_weights())
-        private = _private(model, 0.0, clip, batch_size=6, lr=0.05)
+        private = _private(model, 0.0, clip, batch_size=6, lr=0.05,
+                           clipping=clipping)
         for _ in range(4):
             reference.apply(reference.private_gradient(x, y, clip, 6), 0.05)
             private.train_on_batch(x, y)
             for got, want in zip(model.get_weights(), reference.weights):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-        self.assertEqual(private.clipping_used, "vectorized")
+        self.assertEqual(private.clipping_used, clipping)
 
     def test_noisy_steps_unscale_the_private_gradient(self):
         # The noise is drawn in the scaled space (std sigma C / B per
@@ -253,14 +257,35 @@ class ComposesTest(parameterized.TestCase):
 
 class ApiTest(parameterized.TestCase):
 
-    def test_ghost_clipping_raises(self):
+    def test_ghost_clipping_raises_for_disk(self):
+        # DiSK's shifted weights need each example's gradient at two points.
         x, y = _batch()
-        private = _private(_dense_model(), 1.0, 1.0, 6, 0.01,
-                           clipping="ghost")
+        private = tf_dpadam.make_private(_dense_model(), seed=0,
+                                         clipping="ghost")
+        private.compile(optimizer=tf_dpadam.DPAdamDiSK(
+            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=6),
+            loss="mse")
         with self.assertRaisesRegex(ValueError, "clipping='ghost'.*"
-                                    "DPAdamScaleThenPrivatize"):
+                                    "DPAdamDiSK.*shifted weights"):
             private.train_on_batch(x, y)
         self.assertEqual(int(private.optimizer.iterations), 0)
+
+    def test_auto_takes_ghost_clipping_where_it_has_scaled_norms(self):
+        x, y = _batch()
+        private = _private(_dense_model(), 1.0, 1.0, 6, 0.01)
+        private.train_on_batch(x, y)
+        self.assertEqual(private.clipping_used, "ghost")
+        # WSConv2D's standardized kernel has none: the vectorized map.
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((6, 6, 2)), tf_dpadam.layers.WSConv2D(3, 3),
+            keras.layers.Flatten(), keras.layers.Dense(2)])
+        private = _private(model, 1.0, 1.0, 4, 0.01)
+        private.train_on_batch(np.ones((4, 6, 6, 2), "float32"),
+                               np.ones((4, 2), "float32"))
+        self.assertEqual(private.clipping_used, "vectorized")
+        self.assertIn("standardized kernel has no scaled ghost norm",
+                      private.ghost_unsupported_reason)
 
     def test_moment_diagnostics_refuse_transformed_gradients(self):
         x, y = _batch()

@@ -12,9 +12,11 @@ Two of the DP optimizers change the per-example gradient that is clipped:
   (1 - w) g_i(theta) + w g_i(theta + delta).
 
 `PerExampleTransform` says which, and `transform_gradients` applies it to
-materialized per-example gradients. Both need each example's full gradient,
-so the step takes the vectorized path for them (ghost clipping has no rule
-for them yet: `make_private(clipping="ghost")` raises). Either way each
+materialized per-example gradients (the vectorized path). Ghost clipping
+takes the scales (`ghost_clipping.clipped_gradient_sum(scales=...)`: the
+norms of the scaled gradients, and the scale times the clipped sum); shifts
+need each example's gradient at two points, so DiSK takes the vectorized
+path (`make_private(clipping="ghost")` raises). Either way each
 example contributes one vector clipped to C, so the sensitivity of the sum
 is C and the accounting is unchanged.
 """

@@ -98,9 +98,12 @@ class DPAdamScaleThenPrivatize(DPAdam):
     mechanism of sensitivity C, and dividing by s_t afterwards is
     post-processing.
 
-    The step needs each example's full gradient (the vectorized path;
-    `make_private(clipping="ghost")` raises). The clipped sum that the
-    diagnostics' `clean_gradients` show is in the scaled space.
+    Ghost clipping computes the norms of the scaled per-example gradients
+    (each block's `scale_sq`, `tf_dpadam.ghost_clipping.blocks`) and
+    `clipping="auto"` takes it where the model allows; WSConv2D's
+    standardized kernel has no scaled ghost norm (the vectorized path). The
+    clipped sum that the diagnostics' `clean_gradients` show is in the
+    scaled space.
 """ + DP_ARGS_DOC + r"""        learning_rate, beta_1, beta_2, epsilon, amsgrad: Keras Adam's
             (`epsilon` outside the square root of Adam's update).
         scale_epsilon: eps_s > 0 in s_t = r / (sqrt(v_hat) + eps_s).

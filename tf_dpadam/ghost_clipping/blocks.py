@@ -4,10 +4,14 @@ A block stands for the per-example gradients of one variable (or of its use
 at one call site) without necessarily forming them. The step asks each block
 for two things only:
 
-* `squared_norms(reg_grad=None)`: `[B]`, each example's squared gradient norm
-  (with `reg_grad`, the gradient R' of the regularization loss, the squared
-  norm of `grad_i + R'` minus `||R'||^2`: the cross term `2 grad_i . R'` is
-  included, `||R'||^2` is added once by the step);
+* `squared_norms(reg_grad=None, scale_sq=None)`: `[B]`, each example's
+  squared gradient norm (with `reg_grad`, the gradient R' of the
+  regularization loss, the squared norm of `grad_i + R'` minus `||R'||^2`:
+  the cross term `2 grad_i . R'` is included, `||R'||^2` is added once by
+  the step; with `scale_sq`, S^2 for a coordinate-wise scale S of the
+  variable's shape, the squared norm of `S * grad_i`, the step passing
+  `S^2 * R'` as `reg_grad`; a block that cannot scale raises
+  `ScaledNormUnsupportedError`);
 * `weighted_sum(factors)`: `sum_i factors_i grad_i`, the variable's clipped sum
   once `factors` are the clip factors;
 
@@ -24,6 +28,11 @@ patches) with the same methods.
 
 import tensorflow as tf
 from keras import ops
+
+
+class ScaledNormUnsupportedError(Exception):
+    """A block has no norm of a coordinate-wise scaled gradient (the step
+    turns it into `GhostClippingUnsupportedError`)."""
 
 # Per-example squared norms of a kernel used at T positions (T > 1): the
 # ghost norm costs about T^2 (d + p) and memory T^2 per example; materializing
@@ -59,9 +68,13 @@ class MaterializedBlock:
         g = self.per_example
         return ops.reshape(g, (ops.shape(g)[0], -1))
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
         flat = self._flat()
-        sq = ops.sum(ops.square(flat), axis=1)
+        if scale_sq is None:
+            sq = ops.sum(ops.square(flat), axis=1)
+        else:
+            sq = ops.matmul(ops.square(flat),
+                            ops.reshape(ops.cast(scale_sq, flat.dtype), (-1,)))
         if reg_grad is not None:
             sq = sq + 2.0 * ops.matmul(
                 flat, ops.reshape(ops.cast(reg_grad, flat.dtype), (-1,))
@@ -103,13 +116,29 @@ class LinearBlock:
         if self.mode == "materialize":
             self.per_example = tf.einsum("btd,btp->bdp", a, g)
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
         a, g = self.a, self.g
         reg = None if reg_grad is None else self.to_matrix(reg_grad)
-        if self.mode == "materialize":
-            sq = ops.sum(ops.square(self.per_example), axis=(1, 2))
+        if scale_sq is not None or self.mode == "materialize":
+            per_example = self.per_example
+            if per_example is None and self.mode == "outer":
+                # One position: sum_dp S_dp^2 a_d^2 g_p^2, a product of the
+                # squares (no d x p per example).
+                sq = tf.einsum("bd,dp,bp->b", ops.square(a[:, 0]),
+                               self.to_matrix(scale_sq),
+                               ops.square(g[:, 0]))
+                if reg is not None:
+                    sq = sq + 2.0 * ops.sum(
+                        tf.einsum("btd,dp->btp", a, reg) * g, axis=(1, 2))
+                return sq
+            if per_example is None:
+                # The ghost norm has no scaled form: form a_i^T g_i.
+                per_example = tf.einsum("btd,btp->bdp", a, g)
+            squares = ops.square(per_example)
+            sq = (ops.sum(squares, axis=(1, 2)) if scale_sq is None else
+                  tf.einsum("bdp,dp->b", squares, self.to_matrix(scale_sq)))
             if reg is not None:
-                sq = sq + 2.0 * tf.einsum("bdp,dp->b", self.per_example, reg)
+                sq = sq + 2.0 * tf.einsum("bdp,dp->b", per_example, reg)
             return sq
         if self.mode == "outer":
             sq = ops.sum(ops.square(a), axis=(1, 2)) * ops.sum(

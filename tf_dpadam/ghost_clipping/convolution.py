@@ -262,7 +262,7 @@ class ConvolutionBlock:
                                   blocks.group_rows(g, rows),
                                   self._to_matrix, None)
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
         rows = self.group_size
         static = self.grads[0].shape[0]
         if static is not None:
@@ -270,11 +270,11 @@ class ConvolutionBlock:
         chunk = self.chunk
         if static is not None and static <= chunk:
             block = self._linear_block(self.inputs, self.grads)
-            return block.squared_norms(reg_grad)
+            return block.squared_norms(reg_grad, scale_sq)
 
         def one_chunk(start):
             block = self._linear_block(inputs, grads, start, chunk)
-            return block.squared_norms(reg_grad)
+            return block.squared_norms(reg_grad, scale_sq)
 
         def chunk_norms(starts):
             # One chunk at a time: parallel iterations would hold their

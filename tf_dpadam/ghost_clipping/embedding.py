@@ -186,9 +186,9 @@ class EmbeddingBlock:
                 and length <= max(self.g.shape[2], PAIRWISE_MAX_LENGTH))
 
     def _segments(self):
-        """`(segments, g)`: each position's segment `[B, T]` (in [0, T); the
-        positions of one id share one) and the output gradients `[B, T, p]`
-        in the order of `segments`."""
+        """`(segments, g, ids)`: each position's segment `[B, T]` (in
+        [0, T); the positions of one id share one), and the output gradients
+        `[B, T, p]` and ids `[B, T]` in the order of `segments`."""
         ids, g = self.ids, self.g
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
         if self._pairwise():
@@ -198,7 +198,7 @@ class EmbeddingBlock:
             first = tf.reduce_min(
                 tf.where(same, positions[None, None, :], length), axis=2
             )
-            return first, g
+            return first, g, ids
         order = tf.argsort(ids, axis=1, stable=True)
         sorted_ids = tf.gather(ids, order, batch_dims=1)
         new_run = tf.concat(
@@ -206,20 +206,29 @@ class EmbeddingBlock:
              tf.cast(sorted_ids[:, 1:] != sorted_ids[:, :-1], tf.int32)],
             axis=1,
         )
-        return tf.cumsum(new_run, axis=1) - 1, tf.gather(g, order, batch_dims=1)
+        return (tf.cumsum(new_run, axis=1) - 1,
+                tf.gather(g, order, batch_dims=1), sorted_ids)
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
         ids, g = self.ids, self.g
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
-        segments, ordered_g = self._segments()
-        segments = segments + tf.range(batch)[:, None] * length
+        segments, ordered_g, ordered_ids = self._segments()
+        segments = tf.reshape(segments + tf.range(batch)[:, None] * length,
+                              [-1])
         sums = tf.math.unsorted_segment_sum(
-            tf.reshape(ordered_g, [batch * length, -1]),
-            tf.reshape(segments, [-1]),
+            tf.reshape(ordered_g, [batch * length, -1]), segments,
             batch * length,
         )
+        squares = ops.square(sums)
+        if scale_sq is not None:
+            # Each segment is one id's row: its S^2 row (an empty segment's
+            # sum is 0, whatever row).
+            rows = tf.math.unsorted_segment_max(
+                tf.reshape(ordered_ids, [-1]), segments, batch * length)
+            squares = squares * tf.gather(ops.cast(scale_sq, squares.dtype),
+                                          tf.maximum(rows, 0))
         sq = ops.sum(
-            tf.reshape(ops.sum(ops.square(sums), axis=1), [batch, length]),
+            tf.reshape(ops.sum(squares, axis=1), [batch, length]),
             axis=1,
         )
         if reg_grad is not None:
@@ -260,14 +269,17 @@ class TiedEmbeddingBlock:
     def __init__(self, gathered, logits):
         self.gathered, self.logits = gathered, logits
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
         g, ids = self.gathered.g, self.gathered.ids
         x, h = self.logits.a, self.logits.g
         at_ids = tf.gather(h, ids, axis=2, batch_dims=1)  # [B, T', T]
+        if scale_sq is not None:
+            # <S^2 G_i, H_i>: each gathered gradient times its row's S^2.
+            g = g * tf.gather(ops.cast(scale_sq, g.dtype), ids)
         cross = ops.sum(at_ids * tf.einsum("btp,bsp->bts", x, g),
                         axis=(1, 2))
-        return (self.gathered.squared_norms(reg_grad)
-                + self.logits.squared_norms(reg_grad) + 2.0 * cross)
+        return (self.gathered.squared_norms(reg_grad, scale_sq)
+                + self.logits.squared_norms(reg_grad, scale_sq) + 2.0 * cross)
 
     def weighted_sum(self, factors):
         return (self.gathered.weighted_sum(factors)

@@ -99,8 +99,12 @@ class PositionBlock:
         self.ids, self.g = ids, g
         self.table_size = table_size
 
-    def squared_norms(self, reg_grad=None):
-        sq = ops.sum(ops.square(self.g), axis=(1, 2))
+    def squared_norms(self, reg_grad=None, scale_sq=None):
+        if scale_sq is None:
+            sq = ops.sum(ops.square(self.g), axis=(1, 2))
+        else:  # The rows are distinct.
+            sq = tf.einsum("btp,tp->b", ops.square(self.g), tf.gather(
+                ops.cast(scale_sq, self.g.dtype), self.ids))
         if reg_grad is not None:
             rows = tf.gather(ops.cast(reg_grad, self.g.dtype), self.ids)
             sq = sq + 2.0 * tf.einsum("btp,tp->b", self.g, rows)

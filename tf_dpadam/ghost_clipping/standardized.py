@@ -54,7 +54,12 @@ class StandardizedKernelBlock:
         m = m - self.kernel * ops.sum(self.kernel * m, axis=0) / self.n
         return tf.reshape(m, self.shape)
 
-    def squared_norms(self, reg_grad=None):
+    def squared_norms(self, reg_grad=None, scale_sq=None):
+        if scale_sq is not None:
+            # The removed components are a projection's: with a scale they
+            # no longer subtract.
+            raise blocks.ScaledNormUnsupportedError(
+                "WSConv2D's standardized kernel has no scaled ghost norm")
         reg = None if reg_grad is None else self._jacobian_times(reg_grad)
         sq = self.inner.squared_norms(reg)
         removed = ops.sum(

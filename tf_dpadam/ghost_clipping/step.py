@@ -33,6 +33,7 @@ from keras import ops
 
 from tf_dpadam import dp_math
 from tf_dpadam import compat
+from tf_dpadam.ghost_clipping import blocks as blocks_lib
 from tf_dpadam.ghost_clipping import plan as plan_lib
 
 
@@ -116,7 +117,7 @@ def recorded(rules, recording):
 @tf.autograph.experimental.do_not_convert
 def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
                          l2_norm_clip, mask=None, training=True,
-                         group_size=1):
+                         group_size=1, scales=None):
     """The sum of per-example gradients clipped to norm C, by ghost clipping.
 
     Args:
@@ -141,6 +142,11 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
             so its gradient sums its rows' gradients (each scaled by 1/K)
             and its norm includes the cross terms between them (each block's
             `grouped`). `mask`, the norms and the losses are per example.
+        scales: None, or a coordinate-wise scale S per trainable variable
+            (its shape; scale-then-privatize's preconditioner, see
+            `tf_dpadam.preclip`): each example's gradient is then S * grad_i
+            (the norms are those of the scaled gradients, from each block's
+            `scale_sq`, and the sums are of the scaled gradients).
 
     Returns:
         `(summed, norms, losses, y_pred)`: one float32 tensor per
@@ -157,14 +163,14 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     """
     result, _ = _clipped_gradient_sum(
         model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
-        mask=mask, training=training, group_size=group_size,
+        mask=mask, training=training, group_size=group_size, scales=scales,
     )
     return result
 
 
 def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
                           l2_norm_clip, mask=None, training=True,
-                          group_size=1):
+                          group_size=1, scales=None):
     """`clipped_gradient_sum`'s result, and the blocks it was computed from."""
     if compat.in_stateless_scope():
         raise GhostClippingUnsupportedError(
@@ -196,12 +202,14 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         blocks = _grouped(blocks, group_size)
         losses = ops.mean(ops.reshape(losses, (-1, group_size)), axis=1)
     regularization, reg_grads = _regularization(model)
+    scales = ({} if scales is None else
+              {id(v): ops.cast(t, "float32") for v, t in zip(variables, scales)})
     # Per-layer clipping: one norm and one clip factor per group.
     grouped = isinstance(l2_norm_clip, dp_math.GroupClip)
     groups = l2_norm_clip.groups if grouped else [0] * len(variables)
     norms = ops.stack([
         _norms([v for v, g in zip(variables, groups) if g == index],
-               blocks, reg_grads, rows // group_size)
+               blocks, reg_grads, rows // group_size, scales)
         for index in range(max(groups, default=0) + 1)
     ])
     # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
@@ -216,6 +224,9 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     # 5. The weighted sums.
     summed = _weighted_sums(variables, blocks, reg_grads,
                             [factors[g] for g in groups])
+    # sum_i c_i S grad_i = S sum_i c_i grad_i.
+    summed = [s * scales[id(v)] if id(v) in scales else s
+              for s, v in zip(summed, variables)]
 
     if regularization is not None:
         losses = losses + ops.cast(regularization, losses.dtype)
@@ -359,15 +370,29 @@ def _regularization(model):
     }
 
 
-def _norms(variables, blocks, reg_grads, batch_size):
-    """Each example's gradient norm `[B]` over all variables."""
+def _norms(variables, blocks, reg_grads, batch_size, scales=None):
+    """Each example's gradient norm `[B]` over all variables; of the scaled
+    gradients S * grad_i for the variables in `scales` (id -> S)."""
     squared = tf.zeros([batch_size], "float32")
     for v in variables:
         reg = reg_grads.get(id(v))
-        for block in blocks.get(id(v), []):
-            squared = squared + block.squared_norms(reg)
+        scale = (scales or {}).get(id(v))
         if reg is not None:
-            squared = squared + ops.sum(ops.square(ops.cast(reg, "float32")))
+            reg = ops.cast(reg, "float32")
+        # ||S (g_i + R')||^2 - ||S R'||^2 = ||S g_i||^2 + 2 g_i . S^2 R'.
+        scaled_reg = reg if scale is None or reg is None else scale * reg
+        cross_reg = (scaled_reg if scale is None or reg is None
+                     else scale * scaled_reg)
+        scale_sq = None if scale is None else ops.square(scale)
+        for block in blocks.get(id(v), []):
+            try:
+                squared = squared + block.squared_norms(cross_reg, scale_sq)
+            except blocks_lib.ScaledNormUnsupportedError as error:
+                raise GhostClippingUnsupportedError(
+                    f"{error} (a per-example scale, as scale-then-privatize"
+                    " uses)") from error
+        if reg is not None:
+            squared = squared + ops.sum(ops.square(scaled_reg))
     return ops.sqrt(ops.maximum(squared, 0.0))
 
 
