@@ -6,6 +6,14 @@ holds all that decides those runs; `execute_runs` trains (or reads back) them,
 each in `<runs_dir>/<runs.run_name(setting, seed)>`, `collect` reads back the
 finished ones and `best_of_tuning` picks each optimizer's best setting.
 `make_train_fn` is the training of one run, by the binary of its task.
+
+A plan tunes any of the optimizers of `common.OPTIMIZER_LABELS` (by default
+the paper's three, `common.OPTIMIZER_NAMES`); everything downstream iterates
+`plan.grids`. With a target epsilon the runs calibrate their steps at train
+time with the binaries' accountant (`common.ACCOUNTANT`, PLD); a plan made
+with `calibration_accountant="rdp"` gives them RDP's steps instead, as
+epochs (`calibrated_base`), the steps of the results recorded before the
+binaries moved to PLD.
 """
 
 import dataclasses
@@ -17,6 +25,7 @@ from research import comparison
 from research import finetune as finetune_lib
 from research import runs
 from research.runs import Setting
+from tf_dpadam import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the reports (RESULTS*.md, ABLATIONS_*, the studies' pages, their
@@ -72,16 +81,33 @@ def finetune_of(task):
     return TASKS[task].get("finetune", "last_block")
 
 
-# Default grids (powers of 10 around the paper's picks). Gammas: None is the
-# paper's value for the dataset (`PAPER_DEFAULTS[...]["epsilon"]`).
+# Default grids (powers of 10 around the paper's picks; DP-Adam STP and
+# DiSK, not in the paper, take DP-Adam's). Gammas: None is the paper's value
+# for the dataset (`PAPER_DEFAULTS[...]["epsilon"]`).
 DEFAULT_LEARNING_RATES = {
     "dpsgd": (0.1, 1.0, 10.0),
     "dpadam": (1e-4, 1e-3, 1e-2),
     "dpadam_corrected": (1e-4, 1e-3, 1e-2),
+    "dpadam_stp": (1e-4, 1e-3, 1e-2),
+    "dpadam_disk": (1e-4, 1e-3, 1e-2),
 }
 
 
 DEFAULT_SST2_DIR = os.path.join(ROOT, os.pardir, "shared", "data", "sst2")
+# The training split of tensorflow-datasets' fashion_mnist (read when
+# Debian's IDX files are absent), as Zalando publishes it.
+FASHION_MNIST_TRAIN_EXAMPLES = 60_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The steps an accountant other than the runs' own allows within a
+    target epsilon; the runs train them as epochs (`calibrated_base`)."""
+
+    accountant: str
+    target_epsilon: float
+    steps: int
+    num_examples: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,25 +127,42 @@ class Plan:
     ceiling_learning_rate: float | None = None
     # Rates tuning may add past each end of a grid (`extended_plan`).
     edge_extensions: int = 0
+    # Set when the steps were calibrated by another accountant than the
+    # runs' (`calibrated_base`): `base` then carries them as epochs.
+    calibration: Calibration | None = None
 
     @property
     def tune_seed(self):
         return self.seeds[0]
 
+    @property
+    def optimizers(self):
+        """The plan's optimizers, in the order of its grids."""
+        return tuple(self.grids)
+
+    @property
+    def target_epsilon(self):
+        """The epsilon the runs' steps were calibrated to (None: epochs)."""
+        if self.calibration is not None:
+            return self.calibration.target_epsilon
+        return self.base.target_epsilon
+
 
 def make_grid(optimizer, learning_rates, gammas=(None,)):
-    """The settings learning_rates x gammas (DP-SGD ignores gammas)."""
-    if optimizer not in common.OPTIMIZER_NAMES:
-        raise ValueError(f"Unknown optimizer {optimizer!r}.")
+    """The settings learning_rates x gammas (DP-SGD ignores gammas); any
+    optimizer of `common.OPTIMIZER_LABELS`."""
+    if optimizer not in common.OPTIMIZER_LABELS:
+        raise ValueError(f"Unknown optimizer {optimizer!r}; expected one of "
+                         f"{list(common.OPTIMIZER_LABELS)}.")
     if not learning_rates:
         raise ValueError(f"Empty learning-rate grid for {optimizer}.")
     if optimizer == "dpsgd":
         gammas = (None,)
     if not gammas:
         raise ValueError(f"Empty gamma grid for {optimizer}.")
-    if optimizer == "dpadam" and None in gammas:
-        raise ValueError("DP-Adam needs numeric gammas ('none' is only "
-                         "DP-AdamBC's 0.04 * Phi).")
+    if optimizer in common.KERAS_ADAM_EPSILON and None in gammas:
+        raise ValueError(f"{common.OPTIMIZER_LABELS[optimizer]} needs numeric"
+                         " gammas ('none' is only DP-AdamBC's 0.04 * Phi).")
     for lr in learning_rates:
         if not lr > 0:
             raise ValueError(f"Expected learning rates > 0, got {lr}.")
@@ -128,9 +171,37 @@ def make_grid(optimizer, learning_rates, gammas=(None,)):
                  for g in gammas for lr in learning_rates)
 
 
+def calibrated_base(base, num_examples, accountant):
+    """`base` whose runs train the steps `accountant` allows within its
+    target epsilon, and their `Calibration`.
+
+    The runs calibrate a target's steps at train time with
+    `common.ACCOUNTANT` (`common.total_steps`); for another accountant the
+    steps T are calibrated here and given as epochs T B / N (target None),
+    which the runs turn back into round(epochs N / B) = T steps, as
+    `study_plan.make_cell` does. `(base, None)` when base has no target
+    (its epochs decide) or `accountant` is the runs' own.
+    """
+    validation.check_accountant(accountant)
+    if base.target_epsilon is None or accountant == common.ACCOUNTANT:
+        return base, None
+    steps = common.total_steps(base, num_examples, accountant=accountant)
+    calibration = Calibration(accountant, base.target_epsilon, steps,
+                              num_examples)
+    return dataclasses.replace(
+        base, target_epsilon=None,
+        epochs=steps * base.batch_size / num_examples), calibration
+
+
 def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
-              ceiling_learning_rate=None, edge_extensions=0):
-    """A `Plan`; learning_rates / gammas: optimizer -> values."""
+              ceiling_learning_rate=None, edge_extensions=0,
+              optimizers=tuple(common.OPTIMIZER_NAMES),
+              calibration_accountant=common.ACCOUNTANT, num_examples=None):
+    """A `Plan` with a grid for each of `optimizers` (some of
+    `common.OPTIMIZER_LABELS`, in that order); learning_rates / gammas:
+    optimizer -> values. With a target epsilon in `base` and another
+    `calibration_accountant` than the runs' (`calibrated_base`), the steps
+    are calibrated for the `num_examples` training examples."""
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}; expected one of "
                          f"{list(TASKS)}.")
@@ -139,11 +210,25 @@ def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
         raise ValueError("Give at least one seed.")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"Repeated seeds in {seeds}.")
+    optimizers = tuple(optimizers)
+    if not optimizers:
+        raise ValueError("Give at least one optimizer.")
+    if len(set(optimizers)) != len(optimizers):
+        raise ValueError(f"Repeated optimizers in {optimizers}.")
     grids = {
         name: make_grid(name, learning_rates[name],
                         gammas.get(name, (None,)))
-        for name in common.OPTIMIZER_NAMES
+        for name in optimizers
     }
+    validation.check_accountant(calibration_accountant)
+    calibration = None
+    if (base.target_epsilon is not None
+            and calibration_accountant != common.ACCOUNTANT):
+        if num_examples is None:
+            raise ValueError(f"Calibrating the steps by "
+                             f"{calibration_accountant} needs num_examples.")
+        base, calibration = calibrated_base(base, num_examples,
+                                            calibration_accountant)
     if ceiling_learning_rate is not None and not ceiling_learning_rate > 0:
         raise ValueError(f"Expected ceiling_learning_rate="
                          f"{ceiling_learning_rate!r} > 0.")
@@ -153,7 +238,7 @@ def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
     return Plan(task=task, base=base, grids=grids, seeds=seeds,
                 runs_dir=runs_dir, data=dict(data),
                 ceiling_learning_rate=ceiling_learning_rate,
-                edge_extensions=edge_extensions)
+                edge_extensions=edge_extensions, calibration=calibration)
 
 
 def planned_config(plan, setting, seed):
@@ -420,6 +505,28 @@ def data_spec(task, *, max_examples=None, max_test_examples=None,
         if finetune != "last_block" or pooling != "cls":
             spec.update(pooling=pooling)
     return spec
+
+
+def num_train_examples(task, *, data_dir=None, max_examples=None):
+    """N, the training examples the runs of `task` train on (`data_dir`
+    and `max_examples` as for `make_train_fn`), read cheaply: the labels
+    of Fashion-MNIST's IDX files (without them, tensorflow-datasets'
+    60,000) or the rows of SST-2's train.tsv, not the images or tokens.
+
+    Raises:
+        FileNotFoundError: no train.tsv in the text task's folder.
+    """
+    from research import datasets  # Imports TensorFlow.
+
+    if TASKS[task]["kind"] == "text":
+        _, labels = datasets.read_sst2_tsv(
+            os.path.join(data_dir or DEFAULT_SST2_DIR, "train.tsv"))
+        total = len(labels)
+    else:
+        files = datasets.fashion_mnist_files(data_dir)
+        total = (FASHION_MNIST_TRAIN_EXAMPLES if files is None
+                 else len(datasets.read_idx(files["train"][1])))
+    return min(total, max_examples) if max_examples else total
 
 
 def make_train_fn(task, *, data_dir=None, max_examples=None,

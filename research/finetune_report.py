@@ -78,7 +78,7 @@ def findings(summaries):
         if best is None:
             continue
         name, row = best
-        text = (f"{mode}: best private {common.OPTIMIZER_NAMES[name]}, "
+        text = (f"{mode}: best private {common.OPTIMIZER_LABELS[name]}, "
                 f"{runs.format_percent(row['mean'])} ± "
                 f"{runs.format_percent(row['std'])}% ({row['seeds']} seeds)")
         if base_best:
@@ -202,7 +202,7 @@ def plot(path, summaries):
                 means.append(100 * row["mean"])
                 stds.append(100 * row["std"])
         axes.bar(xs, means, width, yerr=stds, capsize=3,
-                 label=common.OPTIMIZER_NAMES[name])
+                 label=common.OPTIMIZER_LABELS[name])
     for x, summary in enumerate(summaries.values()):
         if summary.get("ceiling"):
             axes.hlines(100 * summary["ceiling"]["accuracy"], x - 0.45,

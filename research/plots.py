@@ -30,7 +30,7 @@ def plot_curves(path, plan, records, best):
         steps, mean, std = comparison.aggregate_curves(histories)
         if not len(steps):
             continue
-        label = (f"{common.OPTIMIZER_NAMES[name]} (lr "
+        label = (f"{common.OPTIMIZER_LABELS[name]} (lr "
                  f"{setting.learning_rate:g}, {len(histories)} seeds)")
         (line,) = axes.plot(steps, 100 * mean, marker=".", label=label)
         axes.fill_between(steps, 100 * (mean - std), 100 * (mean + std),
@@ -70,7 +70,7 @@ def plot_tuning(path, plan, records):
         axes.set_xscale("log")
         axes.set_xlabel("learning rate")
         axes.set_ylabel("final test accuracy (%)")
-        axes.set_title(common.OPTIMIZER_NAMES[name])
+        axes.set_title(common.OPTIMIZER_LABELS[name])
         axes.grid(alpha=0.3)
         if name != "dpsgd" and axes.lines:
             axes.legend(fontsize="small")

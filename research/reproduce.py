@@ -3,6 +3,8 @@
     python -m research.reproduce --task=fashion_mnist
     python -m research.reproduce --task=sst2 --noise_multiplier=0.5
     python -m research.reproduce --task=sst2_lora --sequence_length=32
+    python -m research.reproduce --optimizers=dpadam_stp,dpadam_disk
+    python -m research.reproduce --calibration_accountant=rdp
 
 Tang & Lecuyer compare the three optimizers on CIFAR-10 (a CNN) and SNLI
 (BERT, last block fine-tuned) at epsilon = 7. This binary runs the same
@@ -32,6 +34,15 @@ Each run's seed keys its model, data order, DP noise and Poisson sampling
 (`runs.run_config`), so that a run is reproducible; anyone who knows the seed can
 remove the noise, which is fine for this comparison on public data only.
 
+`--optimizers` picks which optimizers the plan tunes (default: the paper's
+three, `dpsgd,dpadam,dpadam_corrected`; also `dpadam_stp` and `dpadam_disk`,
+DP-Adam scale-then-privatize and DiSK, with grids of their own flags); the
+report covers those. With a target epsilon the runs calibrate their steps by
+PLD (`research.common.ACCOUNTANT`); `--calibration_accountant=rdp` calibrates
+them by RDP here and trains them as epochs, the steps of the results recorded
+with RDP (719 for Fashion-MNIST, 536 for SST-2 at sigma = 0.5; PLD allows
+1,468 and 1,221).
+
 The plan and its runs are `research.experiments` and `research.runs`; the
 report is `research.results_report`. C, sigma and B default to
 `research.common.PAPER_DEFAULTS` for the dataset.
@@ -57,6 +68,9 @@ from research import datasets
 from research import runs
 from research import training
 from tf_dpadam import validation
+
+# The optimizers with a gamma (a --gammas_* flag): all but DP-SGD.
+GAMMA_OPTIMIZERS = tuple(n for n in common.OPTIMIZER_LABELS if n != "dpsgd")
 
 
 def define_flags():
@@ -113,12 +127,26 @@ def define_flags():
                       "Seeds of the final runs; tuning uses the first. A "
                       "run's seed also keys its DP noise and sampling "
                       "(reproducible, so not private).")
+    flags.DEFINE_list("optimizers", list(common.OPTIMIZER_NAMES),
+                      "The optimizers to tune and report, in this order: "
+                      f"some of {','.join(common.OPTIMIZER_LABELS)} "
+                      "(dpadam_stp: DP-Adam scale-then-privatize; "
+                      "dpadam_disk: DP-Adam DiSK).")
+    flags.DEFINE_enum("calibration_accountant", "pld", ["pld", "rdp"],
+                      "With a target epsilon, the accountant that calibrates"
+                      " the runs' steps: pld (the binaries', at train time)"
+                      " or rdp (calibrated here and trained as epochs: the"
+                      " steps of the results recorded with RDP).")
     flags.DEFINE_list("learning_rates_dpsgd", None,
                       "DP-SGD's grid (default: 0.1,1,10).")
     flags.DEFINE_list("learning_rates_dpadam", None,
                       "DP-Adam's grid (default: 1e-4,1e-3,1e-2).")
     flags.DEFINE_list("learning_rates_dpadam_corrected", None,
                       "DP-AdamBC's grid (default: 1e-4,1e-3,1e-2).")
+    flags.DEFINE_list("learning_rates_dpadam_stp", None,
+                      "DP-Adam STP's grid (default: 1e-4,1e-3,1e-2).")
+    flags.DEFINE_list("learning_rates_dpadam_disk", None,
+                      "DP-Adam DiSK's grid (default: 1e-4,1e-3,1e-2).")
     shared_flags.define_lr_edge_extensions_flag()
     flags.DEFINE_list("gammas_dpadam", None,
                       "DP-Adam's gamma, outside the root (default: the "
@@ -126,16 +154,23 @@ def define_flags():
     flags.DEFINE_list("gammas_dpadam_corrected", None,
                       "DP-AdamBC's gamma', inside the root; 'none' = 0.04 * "
                       "Phi (default: the paper's for the dataset).")
+    flags.DEFINE_list("gammas_dpadam_stp", None,
+                      "DP-Adam STP's gamma, outside the root (default: the "
+                      "paper's DP-Adam gamma, 1e-8).")
+    flags.DEFINE_list("gammas_dpadam_disk", None,
+                      "DP-Adam DiSK's gamma, outside the root (default: the "
+                      "paper's DP-Adam gamma, 1e-8).")
     shared_flags.define_dp_flags(eval_every=50)
     flags.adopt_module_key_flags(shared_flags)  # Listed by --help.
     positive = shared_flags.number_in(validation.check_positive)
-    for name in ("learning_rates_dpsgd", "learning_rates_dpadam",
-                 "learning_rates_dpadam_corrected"):
-        shared_flags.check_list_flag(name, positive)
+    shared_flags.check_list_flag("optimizers", check_optimizer)
+    for name in common.OPTIMIZER_LABELS:
+        shared_flags.check_list_flag(f"learning_rates_{name}", positive)
     shared_flags.check_flag("ceiling_learning_rate",
                             validation.check_positive)
-    for name in ("gammas_dpadam", "gammas_dpadam_corrected"):
-        shared_flags.check_list_flag(name, shared_flags.check_gamma)
+    for name in GAMMA_OPTIMIZERS:
+        shared_flags.check_list_flag(f"gammas_{name}",
+                                     shared_flags.check_gamma)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
     for name in ("sequence_length", "max_test_examples", "lora_rank",
@@ -144,6 +179,47 @@ def define_flags():
 
 
 FLAGS = flags.FLAGS
+
+
+def check_optimizer(name, value):
+    """An item of --optimizers: a key of `common.OPTIMIZER_LABELS`."""
+    validation.check(value in common.OPTIMIZER_LABELS, name, value,
+                     f"in {list(common.OPTIMIZER_LABELS)}")
+
+
+def grids_of_flags(dataset, optimizers, rate_flags, gamma_flags):
+    """`(learning_rates, gammas)` of `experiments.make_plan` for
+    `optimizers`.
+
+    Args:
+        dataset: the task's dataset (the paper's gammas are its).
+        optimizers: the names of --optimizers.
+        rate_flags, gamma_flags: optimizer -> the value of its
+            --learning_rates_* / --gammas_* flag (None: not given, then
+            `experiments.DEFAULT_LEARNING_RATES` and the paper's gamma).
+
+    Raises:
+        ValueError: a value that is not a number, or a grid given to an
+            optimizer that is not in `optimizers`.
+    """
+    for kind, given in (("learning_rates", rate_flags),
+                        ("gammas", gamma_flags)):
+        for name, values in given.items():
+            if values is not None and name not in optimizers:
+                raise ValueError(f"--{kind}_{name} is given but --optimizers"
+                                 f" lacks {name}.")
+    paper_gamma = common.PAPER_DEFAULTS[dataset]["epsilon"]
+    learning_rates, gammas = {}, {}
+    for name in optimizers:
+        rates = rate_flags.get(name)
+        learning_rates[name] = (experiments.DEFAULT_LEARNING_RATES[name]
+                                if rates is None
+                                else shared_flags.parse_floats(rates))
+        if name in paper_gamma:  # DP-SGD has none.
+            values = gamma_flags.get(name)
+            gammas[name] = ((paper_gamma[name],) if values is None
+                            else shared_flags.parse_gammas(values))
+    return learning_rates, gammas
 
 
 def reproduce(plan, train_fn, *, phase, output_dir, command, machine=None):
@@ -169,7 +245,6 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     task = FLAGS.task
     dataset = experiments.TASKS[task]["dataset"]
-    paper_gamma = common.PAPER_DEFAULTS[dataset]["epsilon"]
     lora_rank = (FLAGS.lora_rank
                  if experiments.finetune_of(task) == "lora" else None)
     finetune_blocks = FLAGS.finetune_blocks
@@ -179,23 +254,22 @@ def main(argv):
             "--finetune_blocks is for --task=sst2_lora or sst2_full.")
     try:
         base = shared_flags.base_config_from_flags(dataset)
-        learning_rates = {
-            name: shared_flags.parse_floats(values) if values is not None
-            else experiments.DEFAULT_LEARNING_RATES[name]
-            for name, values in (
-                ("dpsgd", FLAGS.learning_rates_dpsgd),
-                ("dpadam", FLAGS.learning_rates_dpadam),
-                ("dpadam_corrected", FLAGS.learning_rates_dpadam_corrected),
-            )
-        }
-        gammas = {
-            name: shared_flags.parse_gammas(values) if values is not None
-            else (paper_gamma[name],)
-            for name, values in (
-                ("dpadam", FLAGS.gammas_dpadam),
-                ("dpadam_corrected", FLAGS.gammas_dpadam_corrected),
-            )
-        }
+        optimizers = tuple(FLAGS.optimizers)
+        learning_rates, gammas = grids_of_flags(
+            dataset, optimizers,
+            {name: FLAGS[f"learning_rates_{name}"].value
+             for name in common.OPTIMIZER_LABELS},
+            {name: FLAGS[f"gammas_{name}"].value
+             for name in GAMMA_OPTIMIZERS})
+        num_examples = None
+        if (base.target_epsilon is not None
+                and FLAGS.calibration_accountant != common.ACCOUNTANT):
+            # N of the calibration (the runs learn it from their data).
+            with shared_flags.usage_errors(FileNotFoundError,
+                                           prefix="--data_dir: "):
+                num_examples = experiments.num_train_examples(
+                    task, data_dir=FLAGS.data_dir,
+                    max_examples=FLAGS.max_examples)
         spec = experiments.data_spec(
             task, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,
@@ -208,7 +282,9 @@ def main(argv):
             runs_dir=(FLAGS.runs_dir
                       or os.path.join(experiments.ROOT, "runs", task)),
             data=spec, ceiling_learning_rate=FLAGS.ceiling_learning_rate,
-            edge_extensions=FLAGS.lr_edge_extensions)
+            edge_extensions=FLAGS.lr_edge_extensions, optimizers=optimizers,
+            calibration_accountant=FLAGS.calibration_accountant,
+            num_examples=num_examples)
         train_fn = experiments.make_train_fn(
             task, data_dir=FLAGS.data_dir, max_examples=FLAGS.max_examples,
             max_test_examples=FLAGS.max_test_examples, preset=FLAGS.preset,

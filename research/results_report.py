@@ -4,7 +4,9 @@
 `experiments.Plan` (`render_markdown`), draws its two plots
 (`research.plots`) and saves the summary that RESULTS.md shows
 (`summary_record`, RESULTS_<task>.json); `results_index.write_index` then
-rewrites RESULTS.md from every task's JSON.
+rewrites RESULTS.md from every task's JSON. The tables, the verdict and the
+summary cover the plan's optimizers (`plan.grids`, by default the paper's
+three), labelled by `common.OPTIMIZER_LABELS`.
 """
 
 import json
@@ -71,6 +73,37 @@ def describe_steps(records, few=100):
     return text
 
 
+def describe_budget(plan):
+    """The privacy budget of the plan's runs, for the settings line."""
+    calibration = plan.calibration
+    if calibration is not None:
+        return (f"target ε = {calibration.target_epsilon:g} with the steps "
+                f"calibrated by the {calibration.accountant.upper()} "
+                f"accountant ({calibration.steps} steps for "
+                f"{calibration.num_examples} examples, trained as "
+                f"{plan.base.epochs:.4g} epochs; the runs' ε columns are "
+                f"{common.ACCOUNTANT.upper()}'s for those steps)")
+    if plan.base.target_epsilon:
+        return f"target ε = {plan.base.target_epsilon:g}"
+    return f"{plan.base.epochs:g} epoch(s), no ε target"
+
+
+def describe_gammas(names):
+    """Where the γ of each of the optimizers `names` sits ("" if none has
+    one): DP-Adam's (and its variants') outside the square root,
+    DP-AdamBC's γ' inside it."""
+    outside = [common.OPTIMIZER_LABELS[n] for n in names
+               if n in common.KERAS_ADAM_EPSILON]
+    parts = []
+    if outside:
+        parts.append(" and ".join(f"{label}'s" for label in outside)
+                     + " γ is outside the square root")
+    if "dpadam_corrected" in names:
+        parts.append("DP-AdamBC's γ' inside it" if outside
+                     else "DP-AdamBC's γ' is inside the square root")
+    return f" {', '.join(parts)}." if parts else ""
+
+
 def render_markdown(*, plan, records, best, command, machine, plots,
                     ceiling=None):
     """The report as markdown text.
@@ -88,10 +121,9 @@ def render_markdown(*, plan, records, best, command, machine, plots,
     paper = comparison.PAPER_RESULTS[task["paper_dataset"]]
     base = plan.base
     phi = (base.noise_multiplier * base.l2_norm_clip / base.batch_size) ** 2
-    budget = (f"target ε = {base.target_epsilon:g}" if base.target_epsilon
-              else f"{base.epochs:g} epoch(s), no ε target")
+    labels = {name: common.OPTIMIZER_LABELS[name] for name in plan.grids}
     lines = [
-        f"# DP-SGD vs DP-Adam vs DP-AdamBC on {task['name']} "
+        f"# {' vs '.join(labels.values())} on {task['name']} "
         f"(the paper's {task['paper_dataset']} experiment)",
         "",
         "Written by `research/reproduce.py` from the runs in "
@@ -126,13 +158,15 @@ def render_markdown(*, plan, records, best, command, machine, plots,
         f"- Model: {task['model']}.",
         f"- Privacy: C = {base.l2_norm_clip:g}, σ = "
         f"{base.noise_multiplier:g}, expected batch B = {base.batch_size} "
-        f"(Poisson sampling), δ = {base.delta:g}, {budget}; Φ = (σC/B)² = "
-        f"{phi:.3g}, so DP-AdamBC's 0.04·Φ = {0.04 * phi:.3g}."
+        f"(Poisson sampling), δ = {base.delta:g}, {describe_budget(plan)}; "
+        f"Φ = (σC/B)² = {phi:.3g}"
+        + (f", so DP-AdamBC's 0.04·Φ = {0.04 * phi:.3g}."
+           if "dpadam_corrected" in plan.grids else ".")
         + describe_steps(records),
         f"- Tuning: each optimizer's learning rate × γ grid at seed "
         f"{plan.tune_seed}; the best setting (final test accuracy) is rerun "
-        f"with seeds {', '.join(map(str, plan.seeds))}. DP-Adam's γ is "
-        "outside the square root, DP-AdamBC's γ' inside it.",
+        f"with seeds {', '.join(map(str, plan.seeds))}."
+        + describe_gammas(plan.grids),
         "- Caveat: hyperparameters are selected on the test set, as the "
         "paper reports them; that selection is not itself private and "
         "flatters the best numbers a little (equally for all optimizers).",
@@ -148,7 +182,7 @@ def render_markdown(*, plan, records, best, command, machine, plots,
         f"| ε | paper, {task['paper_dataset']} (%) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, label in common.OPTIMIZER_NAMES.items():
+    for name, label in labels.items():
         row = rows.get(name)
         if row:
             acc = (f"{runs.format_percent(row['mean'])} ± "
@@ -157,11 +191,12 @@ def render_markdown(*, plan, records, best, command, machine, plots,
             lr, gamma = f"{row['learning_rate']:g}", row["gamma"]
         else:
             acc, eps, n, lr, gamma = "not run", "n/a", 0, "n/a", "n/a"
+        reported = f"{paper[name]:.2f}" if name in paper else "n/a"
         lines.append(f"| {label} | {lr} | {gamma} | {n} | {acc} | {eps} | "
-                     f"{paper[name]:.2f} |")
+                     f"{reported} |")
     lines += ["", verdict(plan, rows), ""]
     lines += ceiling_lines(plan, ceiling, rows)
-    edges = [common.OPTIMIZER_NAMES[n] for n, s in best.items()
+    edges = [labels[n] for n, s in best.items()
              if comparison.at_grid_edge(s, plan.grids[n])]
     if edges:
         lines += [
@@ -186,12 +221,12 @@ def render_markdown(*, plan, records, best, command, machine, plots,
             record = records.get(runs.run_name(setting, plan.tune_seed))
             mark = " **(best)**" if best.get(name) == setting else ""
             if record is None:
-                lines.append(f"| {common.OPTIMIZER_NAMES[name]} | "
+                lines.append(f"| {labels[name]} | "
                              f"{setting.learning_rate:g} | "
                              f"{runs.format_gamma(setting)} | not run | | | |")
                 continue
             lines.append(
-                f"| {common.OPTIMIZER_NAMES[name]} | "
+                f"| {labels[name]} | "
                 f"{setting.learning_rate:g} | {runs.format_gamma(setting)} | "
                 f"{runs.format_percent(record.accuracy)}{mark} | "
                 f"{record.epsilon:.3f} | {record.steps} | "
@@ -242,7 +277,7 @@ def ceiling_lines(plan, ceiling, rows):
     if rows:
         name, row = max(rows.items(), key=lambda item: item[1]["mean"])
         text += (f" The best private optimizer, "
-                 f"{common.OPTIMIZER_NAMES[name]}, is "
+                 f"{common.OPTIMIZER_LABELS[name]}, is "
                  f"{100 * (ceiling.accuracy - row['mean']):.2f} points below"
                  " it.")
     return [text, ""]
@@ -253,10 +288,11 @@ def best_rows(plan, records, best):
 
     Each row: `learning_rate`, `gamma` (as printed), `mean`, `std`, `seeds`
     (test accuracy as fractions, over the finished seeds) and `epsilon` (the
-    largest spent). Optimizers without a finished run are left out.
+    largest spent), for the plan's optimizers. Optimizers without a
+    finished run are left out.
     """
     rows = {}
-    for name in common.OPTIMIZER_NAMES:
+    for name in plan.grids:
         setting = best.get(name)
         done = [] if setting is None else [
             records[runs.run_name(setting, s)] for s in plan.seeds
@@ -273,14 +309,58 @@ def best_rows(plan, records, best):
     return rows
 
 
+def compare_sentence(summary, a, b):
+    """How optimizer `a` compares with `b` over seeds (`comparison.compare`
+    of their `(mean, std, n)` in `summary`), one sentence."""
+    if a not in summary or b not in summary:
+        return (f"Not enough finished runs to compare "
+                f"{common.OPTIMIZER_LABELS[a]} with "
+                f"{common.OPTIMIZER_LABELS[b]} yet.")
+    gap, spread, verdict_word = comparison.compare(summary[a], summary[b])
+    first, second = common.OPTIMIZER_LABELS[a], common.OPTIMIZER_LABELS[b]
+    head = (f"{first} scores {100 * summary[a][0]:.2f}% against "
+            f"{100 * summary[b][0]:.2f}% for {second} (a gap of "
+            f"{100 * gap:+.2f} points")
+    if verdict_word == "unknown":
+        return head + ("); with fewer than two seeds on a side the seed "
+                       "spread is unknown, so this says little.")
+    head += (f", seed spread {100 * spread:.2f} points = the sum of the two"
+             " standard deviations)")
+    if verdict_word == "within":
+        return head + (": the difference is within the seed spread, not a"
+                       " clear win either way.")
+    word = "beats" if verdict_word == "better" else "loses to"
+    return head + f": {first} {word} {second} by more than the seed spread."
+
+
 def verdict(plan, rows):
-    """`comparison.verdict_paragraph` of the rows of `best_rows`."""
+    """What the rows of `best_rows` say: the paper's comparison
+    (`comparison.verdict_paragraph`: DP-AdamBC against DP-Adam and DP-SGD)
+    when the plan has DP-AdamBC and DP-Adam; then each other optimizer of
+    the plan against DP-Adam (without DP-Adam, against the plan's first)."""
     task = experiments.TASKS[plan.task]
     summary = {name: (row["mean"], row["std"], row["seeds"])
                for name, row in rows.items()}
-    return comparison.verdict_paragraph(
-        summary, comparison.PAPER_RESULTS[task["paper_dataset"]],
-        task["paper_dataset"], task["name"])
+    names = list(plan.grids)
+    reference = "dpadam" if "dpadam" in names else names[0]
+    text, compared = [], [reference]
+    if {"dpadam", "dpadam_corrected"} <= set(names):
+        text.append(comparison.verdict_paragraph(
+            {n: s for n, s in summary.items() if n in common.OPTIMIZER_NAMES},
+            comparison.PAPER_RESULTS[task["paper_dataset"]],
+            task["paper_dataset"], task["name"]))
+        compared += list(common.OPTIMIZER_NAMES)
+    if len(names) == 1:
+        text.append(f"Only {common.OPTIMIZER_LABELS[reference]} in this "
+                    "plan: nothing to compare.")
+    text += [compare_sentence(summary, name, reference) for name in names
+             if name not in compared]
+    newer = [common.OPTIMIZER_LABELS[n] for n in names
+             if n not in common.OPTIMIZER_NAMES]
+    if newer:
+        verb = "is" if len(newer) == 1 else "are"
+        text.append(f"{' and '.join(newer)} {verb} not in the paper.")
+    return " ".join(text)
 
 
 def summary_record(plan, records, best, command, machine, files,
@@ -302,8 +382,10 @@ def summary_record(plan, records, best, command, machine, files,
             "l2_norm_clip": base.l2_norm_clip,
             "noise_multiplier": base.noise_multiplier,
             "batch_size": base.batch_size, "delta": base.delta,
-            "target_epsilon": base.target_epsilon,
+            "target_epsilon": plan.target_epsilon,
             "steps": sorted({r.steps for r in records.values()}),
+            **({} if plan.calibration is None else {
+                "calibration_accountant": plan.calibration.accountant}),
         },
         "data": describe_data(plan.data, records),
         # The commands that trained the runs (this one if none is known).

@@ -10,6 +10,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 
 from research import common
 from research import experiments
@@ -282,6 +283,184 @@ class PhasesTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "other data"):
             experiments.run_phase(other, None, "tune", command="x",
                                   machine={})
+
+
+class NewerOptimizersTest(parameterized.TestCase):
+    """DP-Adam STP and DiSK (common.OPTIMIZER_LABELS beyond the paper's
+    three), alone or beside them."""
+
+    @parameterized.parameters("dpadam_stp", "dpadam_disk")
+    def test_grid_takes_a_numeric_gamma_outside_the_root(self, name):
+        self.assertEqual(experiments.make_grid(name, (1e-3, 1e-2), (1e-8,)),
+                         (Setting(name, 1e-3, 1e-8), Setting(name, 1e-2, 1e-8)))
+        # Like DP-Adam's gamma: 'none' (0.04 Phi) is DP-AdamBC's only.
+        with self.assertRaisesRegex(ValueError,
+                                    f"{common.OPTIMIZER_LABELS[name]} needs "
+                                    "numeric gammas"):
+            experiments.make_grid(name, (1e-3,), (None,))
+        self.assertEqual(experiments.DEFAULT_LEARNING_RATES[name],
+                         experiments.DEFAULT_LEARNING_RATES["dpadam"])
+
+    def test_unknown_optimizer(self):
+        with self.assertRaisesRegex(ValueError,
+                                    "Unknown optimizer 'adam'.*dpadam_disk"):
+            experiments.make_grid("adam", (1e-3,))
+
+    def test_plan_has_grids_for_its_optimizers_only(self):
+        base = common.base_config("fashion_mnist")
+        kwargs = dict(learning_rates={"dpadam_stp": (1e-3,),
+                                      "dpadam_disk": (1e-3, 1e-2)},
+                      gammas={"dpadam_stp": (1e-8,), "dpadam_disk": (1e-8,)},
+                      seeds=(0,), runs_dir="/r", data={})
+        plan = experiments.make_plan(
+            "fashion_mnist", base=base,
+            optimizers=("dpadam_disk", "dpadam_stp"), **kwargs)
+        self.assertEqual(plan.optimizers, ("dpadam_disk", "dpadam_stp"))
+        self.assertEqual(plan.grids["dpadam_disk"],
+                         (Setting("dpadam_disk", 1e-3, 1e-8),
+                          Setting("dpadam_disk", 1e-2, 1e-8)))
+        config = experiments.planned_config(plan, plan.grids["dpadam_stp"][0],
+                                            0)
+        self.assertEqual((config.optimizer, config.epsilon, config.model_dir),
+                         ("dpadam_stp", 1e-8,
+                          "/r/dpadam_stp_lr0.001_g1e-08_seed0"))
+        # The default: the paper's three, in common.OPTIMIZER_NAMES' order.
+        self.assertEqual(research_helpers.recorded_plan("/r").optimizers,
+                         ("dpsgd", "dpadam", "dpadam_corrected"))
+        with self.assertRaisesRegex(ValueError, "Repeated optimizers"):
+            experiments.make_plan("fashion_mnist", base=base,
+                                  optimizers=("dpadam_stp", "dpadam_stp"),
+                                  **kwargs)
+        with self.assertRaisesRegex(ValueError, "at least one optimizer"):
+            experiments.make_plan("fashion_mnist", base=base, optimizers=(),
+                                  **kwargs)
+
+    def test_phases_train_only_the_plans_optimizers(self):
+        base = research_helpers.recorded_plan("/r").base
+        plan = experiments.make_plan(
+            "fashion_mnist", base=base,
+            learning_rates={"dpadam_stp": (1e-3, 1e-2),
+                            "dpadam_disk": (1e-3, 1e-2)},
+            gammas={"dpadam_stp": (1e-8,), "dpadam_disk": (1e-8,)},
+            seeds=(0, 1), runs_dir=os.path.join(tempfile.mkdtemp(), "runs"),
+            data=experiments.data_spec("fashion_mnist"),
+            optimizers=("dpadam_stp", "dpadam_disk"), edge_extensions=1)
+        calls = []
+        # STP is best at 1e-2 (the grid's top: one rate above, 0.1, worse),
+        # DiSK at 1e-3 (one rate below, 1e-4, worse).
+        scores = {("dpadam_stp", 1e-2): 0.8, ("dpadam_disk", 1e-3): 0.8}
+        train_fn = research_helpers.fake_train_fn(
+            lambda c: scores.get((c.optimizer, c.learning_rate), 0.5), calls)
+        experiments.run_phase(plan, train_fn, "all", command="c", machine={})
+        self.assertEqual({c.optimizer for c in calls},
+                         {"dpadam_stp", "dpadam_disk"})
+        self.assertCountEqual(
+            [(c.optimizer, c.learning_rate, c.seed) for c in calls],
+            [("dpadam_stp", 1e-3, 0), ("dpadam_stp", 1e-2, 0),
+             ("dpadam_stp", 0.1, 0), ("dpadam_stp", 1e-2, 1),
+             ("dpadam_disk", 1e-3, 0), ("dpadam_disk", 1e-2, 0),
+             ("dpadam_disk", 1e-4, 0), ("dpadam_disk", 1e-3, 1)])
+        best = experiments.best_of_tuning(plan, experiments.collect(plan))
+        self.assertEqual(best, {"dpadam_stp": Setting("dpadam_stp", 1e-2, 1e-8),
+                                "dpadam_disk": Setting("dpadam_disk", 1e-3,
+                                                       1e-8)})
+
+
+# The steps of research/results/RESULTS_fashion_mnist.md and RESULTS_sst2.md,
+# recorded when the binaries calibrated with RDP (delta = 1e-5, epsilon = 7,
+# B = 256), and PLD's for the same sigma.
+_RECORDED_STEPS = (
+    ("fashion_mnist", "fashion_mnist", 60_000, 0.52, 719, 1468),
+    ("sst2", "sst2_tsv", 67_349, 0.5, 536, 1221),
+)
+
+
+class CalibrationTest(parameterized.TestCase):
+
+    @parameterized.parameters(*_RECORDED_STEPS)
+    def test_rdp_gives_the_runs_the_recorded_steps(
+            self, task, dataset, num_examples, sigma, rdp_steps, pld_steps):
+        base = common.base_config(dataset, noise_multiplier=sigma)
+        self.assertEqual((base.batch_size, base.delta, base.target_epsilon),
+                         (256, 1e-5, 7.0))
+        kwargs = dict(learning_rates=experiments.DEFAULT_LEARNING_RATES,
+                      gammas={"dpadam": (1e-8,), "dpadam_corrected": (None,)},
+                      seeds=(0,), runs_dir="/r", data={})
+        plan = experiments.make_plan(task, base=base,
+                                     calibration_accountant="rdp",
+                                     num_examples=num_examples, **kwargs)
+        self.assertEqual(plan.calibration, experiments.Calibration(
+            "rdp", 7.0, rdp_steps, num_examples))
+        self.assertEqual(plan.target_epsilon, 7.0)
+        # The runs count their steps with PLD: they get RDP's as epochs.
+        self.assertIsNone(plan.base.target_epsilon)
+        self.assertAlmostEqual(plan.base.epochs,
+                               rdp_steps * 256 / num_examples)
+        for grid in plan.grids.values():
+            for setting in grid:
+                config = experiments.planned_config(plan, setting, 0)
+                self.assertEqual(common.total_steps(config, num_examples),
+                                 rdp_steps)
+        # PLD (the default): the runs calibrate at train time, to more steps.
+        pld = experiments.make_plan(task, base=base, **kwargs)
+        self.assertIsNone(pld.calibration)
+        self.assertEqual(pld.base, base)
+        self.assertEqual(common.total_steps(pld.base, num_examples),
+                         pld_steps)
+        self.assertEqual(pld.target_epsilon, 7.0)
+
+    def test_rdp_without_a_target_or_examples(self):
+        kwargs = dict(learning_rates=experiments.DEFAULT_LEARNING_RATES,
+                      gammas={"dpadam": (1e-8,), "dpadam_corrected": (None,)},
+                      seeds=(0,), runs_dir="/r", data={},
+                      calibration_accountant="rdp")
+        # Epochs decide the steps: no accountant calibrates them.
+        epochs = common.base_config("fashion_mnist", target_epsilon=None,
+                                    epochs=2.0)
+        plan = experiments.make_plan("fashion_mnist", base=epochs, **kwargs)
+        self.assertEqual((plan.base, plan.calibration, plan.target_epsilon),
+                         (epochs, None, None))
+        base = common.base_config("fashion_mnist")
+        with self.assertRaisesRegex(ValueError, "needs num_examples"):
+            experiments.make_plan("fashion_mnist", base=base, **kwargs)
+        with self.assertRaisesRegex(ValueError, "accountant='moments'"):
+            experiments.make_plan("fashion_mnist", base=base,
+                                  **dict(kwargs,
+                                         calibration_accountant="moments"))
+        # A budget below one step is the library's error.
+        with self.assertRaisesRegex(ValueError, "target_epsilon"):
+            experiments.calibrated_base(
+                common.base_config("fashion_mnist", target_epsilon=0.01),
+                60_000, "rdp")
+
+
+class NumTrainExamplesTest(absltest.TestCase):
+
+    def test_sst2_counts_the_rows_of_train_tsv(self):
+        folder = research_helpers.write_sst2_tsv(train=48, dev=16)
+        for task in ("sst2", "sst2_lora", "sst2_full", "sst2_scratch"):
+            self.assertEqual(
+                experiments.num_train_examples(task, data_dir=folder), 48)
+        self.assertEqual(experiments.num_train_examples(
+            "sst2", data_dir=folder, max_examples=20), 20)
+        self.assertEqual(experiments.num_train_examples(
+            "sst2", data_dir=folder, max_examples=100), 48)
+        with self.assertRaises(FileNotFoundError):
+            experiments.num_train_examples("sst2",
+                                           data_dir=tempfile.mkdtemp())
+
+    def test_the_offline_data_sets(self):
+        # 60,000 whether read from Debian's IDX files or tensorflow-datasets'.
+        self.assertEqual(experiments.num_train_examples("fashion_mnist"),
+                         60_000)
+        self.assertEqual(experiments.num_train_examples(
+            "fashion_mnist", data_dir=tempfile.mkdtemp()), 60_000)
+        self.assertEqual(experiments.num_train_examples(
+            "fashion_mnist", max_examples=20_000), 20_000)
+        if not os.path.exists(os.path.join(experiments.DEFAULT_SST2_DIR,
+                                           "train.tsv")):
+            self.skipTest("No SST-2 in ../shared/data/sst2.")
+        self.assertEqual(experiments.num_train_examples("sst2"), 67_349)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from research import common
 from research import experiments
 from research import reproduce
 from research import runs
+from research.tests import binary_driver
 
 
 def _write_idx(path, array):
@@ -121,10 +122,107 @@ class PipelineTest(absltest.TestCase):
         reproduce.reproduce(plan, refuse, phase="all", output_dir=output_dir,
                             command="again", machine=machine)
 
+    def test_newer_optimizer_with_rdp_calibrated_steps(self):
+        # --optimizers=dpadam_stp --calibration_accountant=rdp on the tiny
+        # images: N = 64, B = 16, sigma = 1 and epsilon = 5 allow 4 steps by
+        # RDP, 6 by PLD (which the runs would count at train time).
+        data_dir = tempfile.mkdtemp()
+        _tiny_fashion_mnist(data_dir)
+        num_examples = experiments.num_train_examples("fashion_mnist",
+                                                      data_dir=data_dir)
+        self.assertEqual(num_examples, 64)
+        base = common.base_config(
+            "fashion_mnist", batch_size=16, noise_multiplier=1.0,
+            target_epsilon=5.0, eval_every=2)
+        self.assertEqual(common.total_steps(base, num_examples), 6)
+        work = tempfile.mkdtemp()
+        plan = experiments.make_plan(
+            "fashion_mnist", base=base,
+            learning_rates={"dpadam_stp": (1e-2,)},
+            gammas={"dpadam_stp": (1e-8,)}, seeds=(0,),
+            runs_dir=os.path.join(work, "runs"),
+            data=experiments.data_spec("fashion_mnist"),
+            optimizers=("dpadam_stp",), calibration_accountant="rdp",
+            num_examples=num_examples)
+        train = experiments.make_train_fn("fashion_mnist", data_dir=data_dir)
+        trained = []
+
+        def train_fn(config):
+            trained.append(config)
+            return train(config)
+
+        path = reproduce.reproduce(
+            plan, train_fn, phase="all", output_dir=os.path.join(work, "out"),
+            command="python -m research.reproduce --optimizers=dpadam_stp",
+            machine={"platform": "test-machine", "cpu_count": 2})
+        self.assertEqual([(c.optimizer, c.learning_rate, c.epsilon, c.seed)
+                          for c in trained], [("dpadam_stp", 1e-2, 1e-8, 0)])
+        self.assertEqual(common.total_steps(trained[0], num_examples), 4)
+        (record,) = experiments.collect(plan).values()
+        self.assertEqual((record.steps, record.setting.optimizer),
+                         (4, "dpadam_stp"))
+        self.assertLessEqual(record.epsilon, 5.0)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        self.assertIn("# DP-Adam STP on Fashion-MNIST", text)
+        self.assertIn("| DP-Adam STP | 0.01 | 1e-08 | 1 | "
+                      f"{runs.format_percent(record.accuracy)} ± 0.00 | "
+                      f"{record.epsilon:.3f} | n/a |", text)
+        self.assertIn("target ε = 5 with the steps calibrated by the RDP "
+                      "accountant (4 steps for 64 examples", text)
+        self.assertIn("Only DP-Adam STP in this plan: nothing to compare.",
+                      text)
+
     def test_main_rejects_stray_arguments(self):
         with flagsaver.flagsaver():
             with self.assertRaises(Exception):
                 reproduce.main(["reproduce", "stray"])
+
+
+class CommandLineTest(absltest.TestCase):
+    """`python -m research.reproduce`'s new flags, through
+    `binary_driver` (forked children that stop before training)."""
+
+    def test_flags(self):
+        output_dir = tempfile.mkdtemp()
+        report = [f"--output_dir={output_dir}", "--phase=report",
+                  f"--runs_dir={tempfile.mkdtemp()}", "--seeds=0"]
+        cases = [
+            ["--optimizers=dpsgd,adam"],
+            ["--learning_rates_dpadam_stp=0.001"],
+            ["--optimizers=dpadam_stp", "--gammas_dpadam_stp=none"],
+            ["--calibration_accountant=moments"],
+            # Nothing to train: only the report of the planned runs.
+            ["--optimizers=dpadam_stp,dpadam_disk",
+             "--calibration_accountant=rdp", *report],
+        ]
+        results = binary_driver.run_cases(
+            [{"module": "research.reproduce", "args": args, "mode": "run"}
+             for args in cases])
+        for result, expected in zip(results[:4], (
+                "--optimizers=['dpsgd', 'adam']: Expected optimizers='adam' "
+                "in ['dpsgd', 'dpadam', 'dpadam_corrected', 'dpadam_stp', "
+                "'dpadam_disk']",
+                "--learning_rates_dpadam_stp is given but --optimizers lacks"
+                " dpadam_stp",
+                "DP-Adam STP needs numeric gammas",
+                "--calibration_accountant")):
+            self.assertEqual(result["code"], 2, result["stderr"])
+            self.assertEqual(result["stderr"].count("\n"), 1,
+                             result["stderr"])
+            self.assertIn(expected, result["stderr"])
+        # (absl's sys.exit(None) after main: the driver's code 1.)
+        self.assertNotIn("Traceback", results[4]["stderr"])
+        self.assertIn("Wrote ", results[4]["stdout"], results[4]["stderr"])
+        with open(os.path.join(output_dir, "RESULTS_fashion_mnist.md"),
+                  encoding="utf-8") as f:
+            text = f.read()
+        # Fashion-MNIST's 60,000 images, sigma = 0.52, B = 256: the 719
+        # steps of research/results/RESULTS_fashion_mnist.md.
+        self.assertIn("target ε = 7 with the steps calibrated by the RDP "
+                      "accountant (719 steps for 60000 examples", text)
+        self.assertIn("| DP-Adam STP | 0.0001 | 1e-08 | not run |", text)
+        self.assertIn("| DP-Adam DiSK | 0.01 | 1e-08 | not run |", text)
 
 
 if __name__ == "__main__":
