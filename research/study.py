@@ -22,6 +22,13 @@ decoupled weight decay (the dpadam_corrected_wd variant, --weight_decay),
 and --epochs or --noise_multiplier; pick the optimizers with --variants and
 the learning rates with --lr_centres / --lr_span (0: one rate per cell).
 
+Issue 37's studies put DP-Adam with scale-then-privatize and DiSK beside
+the others: `--study=class_imbalance` (the B = 256 cell at epsilon = 3 on a
+training set cut by `--imbalance_ratio`, reporting the worst class too) and
+`--study=paper_cnn` (the paper CNN at epsilon = 7, B = 256); both default to
+the five optimizers. `--calibration_accountant=rdp` reproduces the sigma or
+steps of the studies recorded before the binaries moved from RDP to PLD.
+
 Phases as `research.reproduce`: tune (every grid at the first seed, then,
 while a best rate sits at an end of its grid, up to --lr_edge_extensions
 half-decade rates beyond that end), seeds
@@ -88,7 +95,11 @@ from research import study_plan
 from research import study_report
 from tf_dpadam import validation
 
-STUDIES = ("regime_map", "best_recipe")
+STUDIES = ("regime_map", "best_recipe", "class_imbalance", "paper_cnn")
+# Issue 37's five optimizers (DP-SGD, DP-Adam, DP-AdamBC, scale-then-
+# privatize, DiSK).
+FIVE_OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected", "dpadam_stp",
+                   "dpadam_disk")
 # Per study: the flags' values when they are not given.
 STUDY_DEFAULTS = {
     "regime_map": dict(batch_sizes=("256", "1024", "4096"), epsilons=("3",),
@@ -96,6 +107,14 @@ STUDY_DEFAULTS = {
                            study_plan.default_variants())),
     "best_recipe": dict(batch_sizes=("2048",), epsilons=("3", "7"),
                         epochs=15.0, variants=("dpsgd", "dpadam_corrected")),
+    # The regime map's B = 256 cell on a training set whose class sizes
+    # fall geometrically (--imbalance_ratio).
+    "class_imbalance": dict(batch_sizes=("256",), epsilons=("3",),
+                            epochs=10.0, variants=FIVE_OPTIMIZERS),
+    # The paper CNN at the comparison's epsilon = 7 and B = 256 (the
+    # recorded cell: --noise_multiplier=0.52 --calibration_accountant=rdp).
+    "paper_cnn": dict(batch_sizes=("256",), epsilons=("7",), epochs=4.0,
+                      variants=FIVE_OPTIMIZERS),
 }
 # Evaluation on the 10k test images, in wall seconds (see the docstring).
 EVALUATION_SECONDS = 2.5
@@ -110,7 +129,10 @@ def define_flags():
     flags.DEFINE_enum("study", "regime_map", list(STUDIES),
                       "regime_map: the optimizers across B at epsilon = 3;"
                       " best_recipe: De et al.'s techniques at epsilon = 3"
-                      " and 7.")
+                      " and 7; class_imbalance: B = 256 at epsilon = 3 on"
+                      " a cut training set (with --imbalance_ratio) and"
+                      " paper_cnn: the paper CNN at epsilon = 7, B = 256,"
+                      " both with the five optimizers (issue 37).")
     flags.DEFINE_enum("phase", "all",
                       ["tune", "seeds", "all", "report", "plan"],
                       "tune: the grids at the first seed; seeds: each best"

@@ -22,7 +22,9 @@ from research import study_plan
 
 BASELINE = "dpadam"  # The gaps are DP-AdamBC variants minus this.
 TITLES = {"best_recipe": "Best recipe",
-          "regime_map": "Regime map: when does DP-AdamBC help?"}
+          "regime_map": "Regime map: when does DP-AdamBC help?",
+          "class_imbalance": "Class imbalance: the rare classes",
+          "paper_cnn": "The paper CNN's cell with the newer optimizers"}
 
 
 def report_stem(study):

@@ -212,6 +212,24 @@ class ImbalanceStudyTest(absltest.TestCase):
 
 class StudyPlanSettingsTest(absltest.TestCase):
 
+    def test_issue_37_studies(self):
+        common = dict(runs_dir="/tmp/unused", data=study_plan.data_spec())
+        cut = study.make_study_plan("class_imbalance", num_examples=20_000,
+                                    cnn="small", imbalance_ratio=0.05,
+                                    **common)
+        self.assertEqual([v.name for v in cut.variants],
+                         list(study.FIVE_OPTIMIZERS))
+        self.assertEqual([c.name for c in cut.cells],
+                         ["eps3_B256_imbalance0.05"])
+        # The paper CNN's recorded cell: sigma 0.52 and RDP's 719 steps.
+        paper = study.make_study_plan(
+            "paper_cnn", num_examples=60_000, noise_multiplier=0.52,
+            calibration_accountant="rdp", **common)
+        (cell,) = paper.cells
+        self.assertEqual((cell.name, cell.steps, cell.base.cnn),
+                         ("eps7_B256", 719, "paper"))
+        self.assertEqual(len(paper.variants), 5)
+
     def test_cnn_reaches_the_runs_and_the_estimate(self):
         settings = dict(num_examples=60_000, runs_dir="/tmp/unused",
                         data=study_plan.data_spec(), batch_sizes=["2048"],
