@@ -13,6 +13,9 @@ Layout (the step knows no layer; a rule knows no clipping):
 * `step.py`: the step (`clipped_gradient_sum`): record, backward to the
   taps, norms, clip factors, weighted sum; `block_modes` says which blocks
   took the ghost norm and which were materialized.
+* `sums.py`: the per-example norms and the weighted sums from the blocks
+  (with `scales`, of the coordinate-wise scaled gradients S * grad_i that
+  scale-then-privatize clips: each block's `scale_sq`).
 * `plan.py`: which rule owns which trainable variable; `describe(model)`.
 * `registry.py`: the table of layer classes -> rules, what is looked into,
   what falls back and what is refused (and why).

@@ -35,6 +35,7 @@ from tf_dpadam import dp_math
 from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import blocks as blocks_lib
 from tf_dpadam.ghost_clipping import plan as plan_lib
+from tf_dpadam.ghost_clipping import sums
 
 
 class GhostClippingUnsupportedError(Exception):
@@ -207,11 +208,16 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     # Per-layer clipping: one norm and one clip factor per group.
     grouped = isinstance(l2_norm_clip, dp_math.GroupClip)
     groups = l2_norm_clip.groups if grouped else [0] * len(variables)
-    norms = ops.stack([
-        _norms([v for v, g in zip(variables, groups) if g == index],
-               blocks, reg_grads, rows // group_size, scales)
-        for index in range(max(groups, default=0) + 1)
-    ])
+    try:
+        norms = ops.stack([
+            sums.norms([v for v, g in zip(variables, groups) if g == index],
+                       blocks, reg_grads, rows // group_size, scales)
+            for index in range(max(groups, default=0) + 1)
+        ])
+    except blocks_lib.ScaledNormUnsupportedError as error:
+        raise GhostClippingUnsupportedError(
+            f"{error} (a per-example scale, as scale-then-privatize"
+            " uses)") from error
     # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
     # is NaN or infinite.
     finite = ops.isfinite(losses)
@@ -222,8 +228,8 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     if mask is not None:
         factors = factors * ops.cast(mask, factors.dtype)
     # 5. The weighted sums.
-    summed = _weighted_sums(variables, blocks, reg_grads,
-                            [factors[g] for g in groups])
+    summed = sums.weighted_sums(variables, blocks, reg_grads,
+                                [factors[g] for g in groups])
     # sum_i c_i S grad_i = S sum_i c_i grad_i.
     summed = [s * scales[id(v)] if id(v) in scales else s
               for s, v in zip(summed, variables)]
@@ -368,54 +374,6 @@ def _regularization(model):
     return total, {
         id(v): g for v, g in zip(regularized, grads) if g is not None
     }
-
-
-def _norms(variables, blocks, reg_grads, batch_size, scales=None):
-    """Each example's gradient norm `[B]` over all variables; of the scaled
-    gradients S * grad_i for the variables in `scales` (id -> S)."""
-    squared = tf.zeros([batch_size], "float32")
-    for v in variables:
-        reg = reg_grads.get(id(v))
-        scale = (scales or {}).get(id(v))
-        if reg is not None:
-            reg = ops.cast(reg, "float32")
-        # ||S (g_i + R')||^2 - ||S R'||^2 = ||S g_i||^2 + 2 g_i . S^2 R'.
-        scaled_reg = reg if scale is None or reg is None else scale * reg
-        cross_reg = (scaled_reg if scale is None or reg is None
-                     else scale * scaled_reg)
-        scale_sq = None if scale is None else ops.square(scale)
-        for block in blocks.get(id(v), []):
-            try:
-                squared = squared + block.squared_norms(cross_reg, scale_sq)
-            except blocks_lib.ScaledNormUnsupportedError as error:
-                raise GhostClippingUnsupportedError(
-                    f"{error} (a per-example scale, as scale-then-privatize"
-                    " uses)") from error
-        if reg is not None:
-            squared = squared + ops.sum(ops.square(scaled_reg))
-    return ops.sqrt(ops.maximum(squared, 0.0))
-
-
-def _weighted_sums(variables, blocks, reg_grads, factors_per_variable):
-    """`sum_i factors_i grad_i` per variable (zeros without gradient), in
-    float32 (the blocks compute in float32: their rules cast the recorded
-    tensors), whatever the variable's dtype; each variable with its own
-    `[B]` factors (those of its clipping group)."""
-    summed = []
-    for v, factors in zip(variables, factors_per_variable):
-        parts = [block.weighted_sum(factors) for block in blocks.get(id(v), [])]
-        reg = reg_grads.get(id(v))
-        if reg is not None:
-            parts.append(ops.sum(factors) * ops.cast(reg, "float32"))
-        if parts:
-            s = parts[0]
-            for part in parts[1:]:
-                s = s + part
-            s = tf.reshape(ops.cast(s, "float32"), v.shape)
-        else:
-            s = tf.zeros(v.shape, "float32")
-        summed.append(s)
-    return summed
 
 
 def format_problems(problems):
