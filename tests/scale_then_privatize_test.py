@@ -270,6 +270,7 @@ class ApiTest(parameterized.TestCase):
             private.train_on_batch(x, y)
         self.assertEqual(int(private.optimizer.iterations), 0)
 
+    @pytest.mark.slow
     def test_auto_takes_ghost_clipping_where_it_has_scaled_norms(self):
         x, y = _batch()
         private = _private(_dense_model(), 1.0, 1.0, 6, 0.01)
