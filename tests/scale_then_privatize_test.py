@@ -34,27 +34,30 @@ def numpy_per_example_grads(w, b, x, y):
     return [np.einsum("ni,nk->nik", x, residual), residual]
 
 
-def numpy_preconditioner(velocities, done, eps_s=_EPS_S):
-    """r / (sqrt(v_hat) + eps_s), r the RMS of the denominators over all."""
+def numpy_preconditioner(velocities, done, eps_s=_EPS_S, normalize=True):
+    """r / (sqrt(v_hat) + eps_s), r the RMS of the denominators over all
+    (1 without `normalize`)."""
     denominators = [
         np.sqrt(v / (1 - _BETA_2**done) if done > 0 else np.zeros_like(v))
         + eps_s for v in velocities]
     flat = np.concatenate([d.ravel() for d in denominators])
-    rms = np.sqrt(np.mean(flat**2))
+    rms = np.sqrt(np.mean(flat**2)) if normalize else 1.0
     return [rms / d for d in denominators]
 
 
 class NumpySTP:
     """The update rule, in float64: scale, clip, sum, /B, unscale, Adam."""
 
-    def __init__(self, weights):
+    def __init__(self, weights, normalize=True):
+        self.normalize = normalize
         self.weights = [np.array(w, "float64") for w in weights]
         self.m = [np.zeros_like(w) for w in self.weights]
         self.v = [np.zeros_like(w) for w in self.weights]
         self.t = 0
 
     def scales(self):
-        return numpy_preconditioner(self.v, self.t)
+        return numpy_preconditioner(self.v, self.t,
+                                    normalize=self.normalize)
 
     def private_gradient(self, x, y, clip, batch_size):
         """The noise-free scaled private gradient sum_i clip(s g_i) / B."""
@@ -90,13 +93,15 @@ class Capture(tf_dpadam.StepHooks):
             value.assign(g)
 
 
-def _private(model, noise_multiplier, clip, batch_size, lr, **kwargs):
+def _private(model, noise_multiplier, clip, batch_size, lr, normalize=True,
+             **kwargs):
     private = tf_dpadam.make_private(model, seed=3, **kwargs)
     private.compile(
         optimizer=stp.DPAdamScaleThenPrivatize(
             l2_norm_clip=clip, noise_multiplier=noise_multiplier,
             batch_size=batch_size, learning_rate=lr, beta_1=_BETA_1,
-            beta_2=_BETA_2, epsilon=_EPS, scale_epsilon=_EPS_S),
+            beta_2=_BETA_2, epsilon=_EPS, scale_epsilon=_EPS_S,
+            normalize_scale=normalize),
         loss="mse")
     return private
 
@@ -106,9 +111,11 @@ class PreconditionerTest(absltest.TestCase):
     def test_matches_numpy(self):
         rng = np.random.default_rng(0)
         v = [rng.uniform(0, 2, size=(4, 3)), rng.uniform(0, 1e-4, size=5)]
-        for done in (0, 1, 7):
-            got = stp.preconditioner(v, done, _BETA_2, _EPS_S)
-            for a, b in zip(got, numpy_preconditioner(v, done)):
+        for done, normalize in ((0, True), (1, True), (7, True), (1, False),
+                                (7, False)):
+            got = stp.preconditioner(v, done, _BETA_2, _EPS_S, normalize)
+            for a, b in zip(got, numpy_preconditioner(v, done,
+                                                      normalize=normalize)):
                 # float32's 1 - beta_2^t: 2^-24 / 0.001 at t = 1.
                 np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4)
 
@@ -134,15 +141,16 @@ class PreconditionerTest(absltest.TestCase):
 class LockstepTest(parameterized.TestCase):
 
     # Most clipped; none clipped; ghost clipping's scaled norms or the
-    # vectorized map.
+    # vectorized map; the paper's unnormalized scale too.
     @parameterized.product(clip=(0.05, 100.0),
-                           clipping=("ghost", "vectorized"))
-    def test_noise_free_steps(self, clip, clipping):
+                           clipping=("ghost", "vectorized"),
+                           normalize=(True, False))
+    def test_noise_free_steps(self, clip, clipping, normalize):
         x, y = _batch()
         model = _dense_model()
-        reference = NumpySTP(model.get_weights())
+        reference = NumpySTP(model.get_weights(), normalize)
         private = _private(model, 0.0, clip, batch_size=6, lr=0.05,
-                           clipping=clipping)
+                           normalize=normalize, clipping=clipping)
         for _ in range(4):
             reference.apply(reference.private_gradient(x, y, clip, 6), 0.05)
             private.train_on_batch(x, y)
@@ -176,7 +184,8 @@ class LockstepTest(parameterized.TestCase):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-    def test_second_moment_keeps_the_noise_scale(self):
+    @parameterized.parameters(True, False)
+    def test_second_moment_keeps_the_noise_scale(self, normalize):
         # Noise-dominated steps (sigma C / B per coordinate in the scaled
         # space; the clipped signal adds at most C^2 / d = 1e-6 Phi to the
         # mean): g_tilde_j = noise_j / s_j with RMS(1 / s) = 1, so the mean
@@ -188,7 +197,8 @@ class LockstepTest(parameterized.TestCase):
         features, outputs, n, clip, sigma = 64, 32, 16, 0.05, 5.0
         x, y = _batch(n, features, outputs)
         model = _dense_model(features=features, outputs=outputs)
-        private = _private(model, sigma, clip, batch_size=n, lr=1e-4)
+        private = _private(model, sigma, clip, batch_size=n, lr=1e-4,
+                           normalize=normalize)
         for _ in range(20):
             private.train_on_batch(x, y)
         optimizer = private.optimizer
@@ -197,8 +207,11 @@ class LockstepTest(parameterized.TestCase):
             np.asarray(optimizer.moments(v)[1]).ravel() / correction
             for v in model.trainable_variables])
         phi = (sigma * clip / n) ** 2
-        # 2,080 coordinates x 20 steps: the mean is within a few percent.
-        self.assertBetween(np.mean(v_hat) / phi, 0.8, 1.25)
+        if normalize:
+            # 2,080 coordinates x 20 steps: within a few percent.
+            self.assertBetween(np.mean(v_hat) / phi, 0.8, 1.25)
+        else:  # The collapse (about eps_s^2 = 1e-6 times Phi).
+            self.assertLess(np.mean(v_hat) / phi, 1e-4)
 
 
 def _both(**kwargs):
@@ -310,6 +323,11 @@ class ApiTest(parameterized.TestCase):
             stp.DPAdamScaleThenPrivatize(
                 l2_norm_clip=1.0, noise_multiplier=1.0, scale_epsilon=value)
 
+    def test_bad_normalize_scale(self):
+        with self.assertRaisesRegex(ValueError, "normalize_scale"):
+            stp.DPAdamScaleThenPrivatize(
+                l2_norm_clip=1.0, noise_multiplier=1.0, normalize_scale=1)
+
     def test_amsgrad_refused(self):
         with self.assertRaisesRegex(ValueError, "amsgrad"):
             stp.DPAdamScaleThenPrivatize(
@@ -318,10 +336,11 @@ class ApiTest(parameterized.TestCase):
     def test_config_round_trip(self):
         optimizer = stp.DPAdamScaleThenPrivatize(
             l2_norm_clip=2.0, noise_multiplier=0.7, batch_size=32,
-            scale_epsilon=1e-4, learning_rate=0.003)
+            scale_epsilon=1e-4, learning_rate=0.003, normalize_scale=False)
         config = optimizer.get_config()
         again = stp.DPAdamScaleThenPrivatize.from_config(config)
         self.assertEqual(again.scale_epsilon, 1e-4)
+        self.assertFalse(again.normalize_scale)
         self.assertEqual(again.get_config(), config)
         revived = keras.optimizers.deserialize(
             keras.optimizers.serialize(optimizer))

@@ -25,7 +25,8 @@ from tf_dpadam.optimizers import DPAdam
 __all__ = ["DPAdamScaleThenPrivatize", "preconditioner"]
 
 
-def preconditioner(velocities, iterations, beta_2, scale_epsilon):
+def preconditioner(velocities, iterations, beta_2, scale_epsilon,
+                   normalize=True):
     """s_t of every variable: r / (sqrt(v_hat_{t-1}) + eps_s), float32.
 
     r is the root mean square of sqrt(v_hat_{t-1}) + eps_s over every
@@ -46,6 +47,7 @@ def preconditioner(velocities, iterations, beta_2, scale_epsilon):
         iterations: t - 1, the number of steps applied so far.
         beta_2: Adam's beta_2.
         scale_epsilon: eps_s > 0.
+        normalize: False: r = 1, the paper's (and JAX Privacy's) form.
 
     Returns:
         s of each of `velocities` (its shape): 1 everywhere before the first
@@ -60,6 +62,8 @@ def preconditioner(velocities, iterations, beta_2, scale_epsilon):
                           velocity / ops.maximum(correction, 1e-30),
                           ops.zeros_like(velocity))
         denominators.append(ops.sqrt(v_hat) + scale_epsilon)
+    if not normalize:
+        return [1.0 / d for d in denominators]
     count = sum(math.prod(d.shape) for d in denominators)
     rms = ops.sqrt(sum(ops.sum(ops.square(d)) for d in denominators)
                    / float(count))
@@ -107,6 +111,9 @@ class DPAdamScaleThenPrivatize(DPAdam):
 """ + DP_ARGS_DOC + r"""        learning_rate, beta_1, beta_2, epsilon, amsgrad: Keras Adam's
             (`epsilon` outside the square root of Adam's update).
         scale_epsilon: eps_s > 0 in s_t = r / (sqrt(v_hat) + eps_s).
+        normalize_scale: True (default): r as above; False: r = 1, the
+            paper's form, which stalls under DP noise (`preconditioner`);
+            for reproducing it.
         **kwargs: other Keras optimizer arguments, as for `DPAdam`.
     """
 
@@ -126,17 +133,23 @@ class DPAdamScaleThenPrivatize(DPAdam):
         epsilon: float = 1e-7,
         amsgrad: bool = False,
         scale_epsilon: float = 1e-8,
+        normalize_scale: bool = True,
         name: str = "DPAdamScaleThenPrivatize",
         **kwargs,
     ):
         arguments = constructor_arguments(locals())
         arguments.pop("scale_epsilon")
+        arguments.pop("normalize_scale")
         validation.check_positive("scale_epsilon", scale_epsilon)
+        if not isinstance(normalize_scale, bool):
+            raise ValueError(f"Expected normalize_scale=True or False, got"
+                             f" {normalize_scale!r}.")
         if amsgrad:
             raise ValueError(
                 "Expected amsgrad=False for DPAdamScaleThenPrivatize.")
         super().__init__(**arguments)
         self.scale_epsilon = float(scale_epsilon)
+        self.normalize_scale = bool(normalize_scale)
 
     def scales(self, variables) -> list:
         """s_t of each of `variables` (float32; the optimizer is built),
@@ -144,7 +157,7 @@ class DPAdamScaleThenPrivatize(DPAdam):
         everything = self._trainable_variables
         scales = preconditioner([self.moments(v)[1] for v in everything],
                                 self.iterations, self.beta_2,
-                                self.scale_epsilon)
+                                self.scale_epsilon, self.normalize_scale)
         return [scales[self.variable_index(v)] for v in variables]
 
     def per_example_transform(self, variables):
@@ -163,4 +176,5 @@ class DPAdamScaleThenPrivatize(DPAdam):
     def get_config(self):
         config = super().get_config()
         config["scale_epsilon"] = self.scale_epsilon
+        config["normalize_scale"] = self.normalize_scale
         return config
