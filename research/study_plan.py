@@ -206,12 +206,14 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
         noise_multiplier=noise_multiplier or 1.0, batch_size=batch_size,
         target_epsilon=None if epochs else target_epsilon, delta=delta,
         epochs=epochs, eval_every=eval_every)
-    steps = common.total_steps(base, num_examples, accountant=accountant)
-    if epochs is None and accountant != common.ACCOUNTANT:
-        # The runs would count their steps with the binaries' accountant:
-        # give them the calibrated steps as epochs instead.
-        base = dataclasses.replace(base, target_epsilon=None,
-                                   epochs=steps * batch_size / num_examples)
+    calibration = None
+    if epochs is None:
+        # The runs count their steps with the binaries' accountant: with
+        # another, they get its steps as epochs.
+        base, calibration = experiments.calibrated_base(base, num_examples,
+                                                        accountant)
+    steps = (calibration.steps if calibration is not None else
+             common.total_steps(base, num_examples, accountant=accountant))
     if epochs is not None:
         base = dataclasses.replace(base, noise_multiplier=calibrate_noise(
             target_epsilon, num_examples=num_examples, batch_size=batch_size,

@@ -20,9 +20,10 @@ def norms(variables, blocks, reg_grads, batch_size, scales=None):
         if reg is not None:
             reg = ops.cast(reg, "float32")
         # ||S (g_i + R')||^2 - ||S R'||^2 = ||S g_i||^2 + 2 g_i . S^2 R'.
-        scaled_reg = reg if scale is None or reg is None else scale * reg
-        cross_reg = (scaled_reg if scale is None or reg is None
-                     else scale * scaled_reg)
+        scaled_reg = cross_reg = reg
+        if reg is not None and scale is not None:
+            scaled_reg = scale * reg
+            cross_reg = scale * scaled_reg
         scale_sq = None if scale is None else ops.square(scale)
         for block in blocks.get(id(v), []):
             # A block without a scaled norm raises
