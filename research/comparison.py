@@ -110,6 +110,28 @@ def compare(a, b):
     return gap, spread, "better" if gap > 0 else "worse"
 
 
+def compare_sentence(summary, a, b):
+    """How optimizer `a` compares with `b` over seeds (`compare` of their
+    `(mean, std, n)` in `summary`, accuracies as fractions), one sentence."""
+    first, second = common.OPTIMIZER_LABELS[a], common.OPTIMIZER_LABELS[b]
+    if a not in summary or b not in summary:
+        return f"Not enough finished runs to compare {first} with {second} yet."
+    gap, spread, verdict_word = compare(summary[a], summary[b])
+    head = (f"{first} scores {100 * summary[a][0]:.2f}% against "
+            f"{100 * summary[b][0]:.2f}% for {second} (a gap of "
+            f"{100 * gap:+.2f} points")
+    if verdict_word == "unknown":
+        return head + ("); with fewer than two seeds on a side the seed "
+                       "spread is unknown, so this says little.")
+    head += (f", seed spread {100 * spread:.2f} points = the sum of the two"
+             " standard deviations)")
+    if verdict_word == "within":
+        return head + (": the difference is within the seed spread, not a"
+                       " clear win either way.")
+    word = "beats" if verdict_word == "better" else "loses to"
+    return head + f": {first} {word} {second} by more than the seed spread."
+
+
 def verdict_paragraph(summary, paper, paper_dataset, dataset):
     """A short honest paragraph from the numbers.
 
@@ -118,34 +140,12 @@ def verdict_paragraph(summary, paper, paper_dataset, dataset):
         paper: optimizer -> the paper's accuracy (%).
         paper_dataset, dataset: names for the text.
     """
-    names = common.OPTIMIZER_NAMES
     if "dpadam_corrected" not in summary or "dpadam" not in summary:
         return ("Not enough finished runs to compare DP-AdamBC with DP-Adam "
                 "yet.")
-
-    def pct(x):
-        return 100.0 * x
-
-    def sentence(a, b):
-        gap, spread, verdict = compare(summary[a], summary[b])
-        head = (f"{names[a]} scores {pct(summary[a][0]):.2f}% against "
-                f"{pct(summary[b][0]):.2f}% for {names[b]} "
-                f"(a gap of {pct(gap):+.2f} points")
-        if verdict == "unknown":
-            return (head + "); with fewer than two seeds on a side the seed "
-                    "spread is unknown, so this says little.")
-        tail = (f", seed spread {pct(spread):.2f} points = the sum of the two "
-                f"standard deviations)")
-        if verdict == "within":
-            return head + tail + (": the difference is within the seed "
-                                  "spread, not a clear win either way.")
-        word = "beats" if verdict == "better" else "loses to"
-        return head + tail + (f": {names[a]} {word} {names[b]} by more than "
-                              "the seed spread.")
-
-    text = [sentence("dpadam_corrected", "dpadam")]
+    text = [compare_sentence(summary, "dpadam_corrected", "dpadam")]
     if "dpsgd" in summary:
-        text.append(sentence("dpadam_corrected", "dpsgd"))
+        text.append(compare_sentence(summary, "dpadam_corrected", "dpsgd"))
     paper_gap = paper["dpadam_corrected"] - paper["dpadam"]
     text.append(
         f"In the paper ({paper_dataset}) DP-AdamBC beats DP-Adam by "

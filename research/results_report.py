@@ -309,30 +309,6 @@ def best_rows(plan, records, best):
     return rows
 
 
-def compare_sentence(summary, a, b):
-    """How optimizer `a` compares with `b` over seeds (`comparison.compare`
-    of their `(mean, std, n)` in `summary`), one sentence."""
-    if a not in summary or b not in summary:
-        return (f"Not enough finished runs to compare "
-                f"{common.OPTIMIZER_LABELS[a]} with "
-                f"{common.OPTIMIZER_LABELS[b]} yet.")
-    gap, spread, verdict_word = comparison.compare(summary[a], summary[b])
-    first, second = common.OPTIMIZER_LABELS[a], common.OPTIMIZER_LABELS[b]
-    head = (f"{first} scores {100 * summary[a][0]:.2f}% against "
-            f"{100 * summary[b][0]:.2f}% for {second} (a gap of "
-            f"{100 * gap:+.2f} points")
-    if verdict_word == "unknown":
-        return head + ("); with fewer than two seeds on a side the seed "
-                       "spread is unknown, so this says little.")
-    head += (f", seed spread {100 * spread:.2f} points = the sum of the two"
-             " standard deviations)")
-    if verdict_word == "within":
-        return head + (": the difference is within the seed spread, not a"
-                       " clear win either way.")
-    word = "beats" if verdict_word == "better" else "loses to"
-    return head + f": {first} {word} {second} by more than the seed spread."
-
-
 def verdict(plan, rows):
     """What the rows of `best_rows` say: the paper's comparison
     (`comparison.verdict_paragraph`: DP-AdamBC against DP-Adam and DP-SGD)
@@ -353,7 +329,7 @@ def verdict(plan, rows):
     if len(names) == 1:
         text.append(f"Only {common.OPTIMIZER_LABELS[reference]} in this "
                     "plan: nothing to compare.")
-    text += [compare_sentence(summary, name, reference) for name in names
+    text += [comparison.compare_sentence(summary, name, reference) for name in names
              if name not in compared]
     newer = [common.OPTIMIZER_LABELS[n] for n in names
              if n not in common.OPTIMIZER_NAMES]

@@ -66,6 +66,18 @@ class ComparisonTest(absltest.TestCase):
         self.assertIn("Not enough", comparison.verdict_paragraph(
             {"dpsgd": (0.79, 0.01, 3)}, paper, "CIFAR-10", "Fashion-MNIST"))
 
+    def test_compare_sentence(self):
+        summary = {"dpadam_stp": (0.70, 0.01, 3), "dpadam": (0.75, 0.02, 3),
+                   "dpadam_disk": (0.80, 0.0, 1)}
+        text = comparison.compare_sentence(summary, "dpadam_stp", "dpadam")
+        self.assertIn("70.00% against 75.00%", text)
+        self.assertIn("a gap of -5.00 points, seed spread 3.00 points", text)
+        self.assertIn("loses to DP-Adam by more than the seed spread", text)
+        self.assertIn("says little", comparison.compare_sentence(
+            summary, "dpadam_disk", "dpadam"))
+        self.assertIn("Not enough finished runs to compare DP-SGD",
+                      comparison.compare_sentence(summary, "dpsgd", "dpadam"))
+
 
 if __name__ == "__main__":
     absltest.main()
