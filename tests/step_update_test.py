@@ -59,9 +59,10 @@ class UpdateTest(absltest.TestCase):
         # (1 + 2, 0 + 3) / (1 + 2 examples), applied once.
         np.testing.assert_allclose(variable.numpy(), [-1.0, -1.0])
         self.assertEqual(int(optimizer.iterations.numpy()), 1)
-        sums, count = optimizer.dp_accumulator.totals()
+        sums, count, unclipped = optimizer.dp_accumulator.totals()
         np.testing.assert_allclose(sums[0].numpy(), [0.0, 0.0])
         self.assertEqual(float(count.numpy()), 0.0)
+        self.assertIsNone(unclipped)  # no adaptive clipping
 
     def test_hooks_add_to_the_sum_before_the_noise(self):
 

@@ -104,8 +104,10 @@ class GradientAccumulator:
         return self.micro_step.value % self.steps == 0
 
     def totals(self) -> tuple:
-        """`(sums, count)` as tensors (one replica)."""
-        return [a.value for a in self.sums], self.count.value
+        """`(sums, count, unclipped)` as tensors (one replica); `unclipped`
+        (the adaptive clipping counts) is None without adaptive clipping."""
+        unclipped = None if self.unclipped is None else self.unclipped.value
+        return [a.value for a in self.sums], self.count.value, unclipped
 
     def state(self) -> list:
         """The variables that a logical step sums over replicas: the sums,

@@ -96,9 +96,7 @@ def apply_clipped_sum(update: Update, summed: list, count,
         accumulator.add(summed, count, unclipped)
 
         def logical_step():
-            total = (None if accumulator.unclipped is None
-                     else accumulator.unclipped.value)
-            noise_scale_apply(update, *accumulator.totals(), total)
+            noise_scale_apply(update, *accumulator.totals())
             accumulator.clear()
             return ops.zeros(())
 
@@ -149,9 +147,8 @@ def noise_scale_apply(update: Update, summed: list, count,
         # Drawn on the first replica and summed over the replicas, so that
         # every replica moves C by the same privatized fraction.
         count_noise = replicas.sum_over_replicas(
-            replicas.first_replica_share() * noise.gaussian(
-                ops.shape(unclipped), optimizer.clipped_count_stddev(),
-                "float32", count_seed, secure_mode=update.secure_mode))
+            replicas.first_replica_share()
+            * _count_noise(update, unclipped, count_seed))
         fraction = adaptive_clipping.unclipped_fraction(
             unclipped + count_noise, denominator)
     noised = noise.add_noise(
@@ -195,9 +192,7 @@ def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
         )
         rest = values[num_sums:]
         if adaptive:  # [count, unclipped counts]: one draw, here only.
-            rest[1] = rest[1] + noise.gaussian(
-                ops.shape(rest[1]), optimizer.clipped_count_stddev(),
-                "float32", count_seed, secure_mode=update.secure_mode)
+            rest[1] = rest[1] + _count_noise(update, rest[1], count_seed)
         return noised + rest
 
     sums = list(accumulator.sums)
@@ -220,3 +215,10 @@ def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
         noise.scale(noised, denominator), update.variables, denominator,
         fraction,
     )
+
+
+def _count_noise(update: Update, unclipped, seed):
+    """The noise of adaptive clipping's unclipped counts (one draw)."""
+    return noise.gaussian(
+        ops.shape(unclipped), update.optimizer.clipped_count_stddev(),
+        "float32", seed, secure_mode=update.secure_mode)
