@@ -77,14 +77,16 @@ FLAGS = flags.FLAGS
 # several normals). "dpadam_stp" (DPAdamScaleThenPrivatize) scales each
 # example's gradient before clipping: ghost clipping's scaled norms where the
 # model allows ("+vectorized": the vectorized path); "dpadam_disk"
-# (DPAdamDiSK) takes each example's gradient at shifted weights too, so it
-# always takes the vectorized path.
+# (DPAdamDiSK) takes each example's gradient at shifted weights too: ghost
+# clipping with a second pass where the model allows, "+vectorized" the
+# vectorized path.
 _VARIANTS = {
     "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
             "dpadam_corrected+vectorized", "dpadam_stp",
-            "dpadam_stp+vectorized", "dpadam_disk"],
+            "dpadam_stp+vectorized", "dpadam_disk", "dpadam_disk+vectorized"],
     "text": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
-             "dpadam_stp", "dpadam_stp+vectorized", "dpadam_disk"],
+             "dpadam_stp", "dpadam_stp+vectorized", "dpadam_disk",
+             "dpadam_disk+vectorized"],
     "cnn_accum": ["dpadam_corrected"],
     "lora": ["nonprivate", "dpadam_corrected"],
     "full": ["nonprivate", "dpadam_corrected"],

@@ -1,5 +1,6 @@
 """DPAdamDiSK against a NumPy reference, step by step."""
 
+import functools
 import os
 import tempfile
 
@@ -12,6 +13,7 @@ from absl.testing import parameterized
 import tf_dpadam
 from tf_dpadam import disk
 
+import augmentation_test
 import scale_then_privatize_test as stp_test
 
 _BETA_1, _BETA_2, _EPS = 0.9, 0.999, 1e-7
@@ -82,18 +84,23 @@ class ShiftWeightTest(absltest.TestCase):
 
 class LockstepTest(parameterized.TestCase):
 
-    @parameterized.parameters(0.05, 100.0)  # Most clipped; none clipped.
-    def test_noise_free_steps(self, clip):
+    # Most clipped, none clipped; ghost clipping's second pass ("auto" on a
+    # Dense model) and the vectorized map.
+    @parameterized.product(clip=(0.05, 100.0),
+                           clipping=("auto", "vectorized"))
+    def test_noise_free_steps(self, clip, clipping):
         x, y = stp_test._batch()
         model = stp_test._dense_model()
         reference = NumpyDiSK(model.get_weights())
-        private = _private(model, 0.0, clip, batch_size=6, lr=0.05)
+        private = _private(model, 0.0, clip, batch_size=6, lr=0.05,
+                           clipping=clipping)
         for _ in range(5):
             reference.apply(reference.private_gradient(x, y, clip, 6), 0.05)
             private.train_on_batch(x, y)
             for got, want in zip(model.get_weights(), reference.weights):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-        self.assertEqual(private.clipping_used, "vectorized")
+        self.assertEqual(private.clipping_used,
+                         "ghost" if clipping == "auto" else "vectorized")
 
     def test_noisy_steps_filter_the_private_gradient(self):
         features, outputs, n, clip, sigma = 64, 32, 16, 0.5, 2.0
@@ -118,10 +125,11 @@ class LockstepTest(parameterized.TestCase):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-class DropoutTest(absltest.TestCase):
+class DropoutTest(parameterized.TestCase):
 
+    @parameterized.parameters("ghost", "vectorized")
     @pytest.mark.slow
-    def test_both_passes_draw_the_same_masks(self):
+    def test_both_passes_draw_the_same_masks(self, clipping):
         # At the first step the shift is 0, so the combined gradient is the
         # gradient itself only if both passes use the same dropout masks:
         # the clean sum equals DPAdam's on an identical model.
@@ -138,9 +146,10 @@ class DropoutTest(absltest.TestCase):
                 keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
                 keras.layers.Dropout(rate), keras.layers.Dense(3)])
             private = tf_dpadam.make_private(model, seed=0, diagnostics=True,
-                                             clipping="vectorized")
+                                             clipping=clipping)
             private.compile(optimizer=optimizer, loss="mse")
             private.train_on_batch(x, y)
+            self.assertEqual(private.clipping_used, clipping)
             sums.append(np.concatenate(
                 [np.ravel(v) for v in private.clean_gradients]))
         np.testing.assert_allclose(sums[0], sums[1], rtol=1e-5, atol=1e-7)
@@ -149,15 +158,72 @@ class DropoutTest(absltest.TestCase):
                            0.1 * np.linalg.norm(sums[2]))
 
 
+class AugmultTest(parameterized.TestCase):
+
+    @parameterized.parameters("cnn", "sequence")
+    @pytest.mark.slow
+    def test_ghost_and_vectorized_agree_with_augmult(self, name):
+        # K = 3 views per example and a non-zero shift: ghost clipping's
+        # two passes (their records grouped by example) give the
+        # vectorized map's clipped sum (exact against one-example tapes in
+        # tests/preclip_zoo_test.py without views).
+        sums = []
+        for clipping in ("ghost", "vectorized"):
+            base, x, y = augmentation_test._build(name)
+            weights = [np.array(v) for v in base.trainable_variables]
+            rng = np.random.default_rng(5)
+            private = tf_dpadam.make_private(
+                base, clipping=clipping, augmult=3, diagnostics=True, seed=0,
+                augment=functools.partial(augmentation_test._augment,
+                                          augmult=3))
+            optimizer = _optimizer(0.0, 0.05, 8, 0.0)
+            private.compile(optimizer=optimizer,
+                            loss=augmentation_test._LOSS)
+            self.assertTrue(optimizer.built)
+            optimizer.iterations.assign(3)
+            for v, w in zip(base.trainable_variables, weights):
+                move = 0.1 * rng.normal(size=w.shape)
+                optimizer.state(v)[0].assign((w - move).astype(w.dtype))
+            private.train_on_batch(x, y,
+                                   sample_weight=augmentation_test._WEIGHTS)
+            self.assertEqual(private.clipping_used, clipping)
+            sums.append(np.concatenate(
+                [np.ravel(c) for c in private.clean_gradients]))
+        self.assertGreater(np.linalg.norm(sums[1]), 0.0)
+        np.testing.assert_allclose(sums[0], sums[1], rtol=1e-4,
+                                   atol=1e-4 * np.max(np.abs(sums[1])))
+
+
 class ApiTest(parameterized.TestCase):
 
-    def test_ghost_clipping_raises(self):
+    def test_disk_on_ghost_clipping(self):
+        # A second pass at the shifted weights: ghost clipping where every
+        # rule's blocks come from its records (a Dense model) ...
         x, y = stp_test._batch()
-        private = _private(stp_test._dense_model(), 1.0, 1.0, 6, 0.01,
-                           clipping="ghost")
-        with self.assertRaisesRegex(ValueError,
-                                    "clipping='ghost'.*DPAdamDiSK"):
+        private = tf_dpadam.make_private(stp_test._dense_model(), seed=0,
+                                         clipping="ghost")
+        private.compile(optimizer=tf_dpadam.DPAdamDiSK(
+            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=6),
+            loss="mse")
+        for _ in range(2):  # the second step has a non-zero shift
             private.train_on_batch(x, y)
+        self.assertEqual(private.clipping_used, "ghost")
+        self.assertEqual(int(private.optimizer.iterations), 2)
+        # ... and a clear error where a rule reads its weights after the
+        # forward pass (WSConv2D's standardization).
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((6, 6, 2)), tf_dpadam.layers.WSConv2D(3, 3),
+            keras.layers.Flatten(), keras.layers.Dense(2)])
+        private = tf_dpadam.make_private(model, seed=0, clipping="ghost")
+        private.compile(optimizer=tf_dpadam.DPAdamDiSK(
+            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=4),
+            loss="mse")
+        with self.assertRaisesRegex(ValueError, "clipping='ghost'.*"
+                                    "shifted weights"):
+            private.train_on_batch(np.ones((4, 6, 6, 2), "float32"),
+                                   np.ones((4, 2), "float32"))
+        self.assertEqual(int(private.optimizer.iterations), 0)
 
     @parameterized.parameters(
         dict(kappa=0.0), dict(kappa=1.5), dict(gamma=0.0),

@@ -8,7 +8,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
 
+from tf_dpadam import compat
 from tf_dpadam import ghost_clipping
+from tf_dpadam import layers as tf_layers
 
 import helpers
 
@@ -248,6 +250,117 @@ class RefusalTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         ):
             run(helpers.normal((helpers.BATCH, 4, 5)))
 
+
+def _shifted_sum(model, x, y, clip, shifts, weight):
+    """`clipped_gradient_sum` with shifts (DiSK's two points), in a graph."""
+    loss_fn = ghost_clipping.compiled_loss_fn(model)
+
+    @tf.function
+    def run(x, y):
+        return ghost_clipping.clipped_gradient_sum(
+            model, loss_fn, x, y, None, clip, shifts=shifts,
+            shift_weight=weight)
+
+    return run(x, y)
+
+
+class ShiftedPassTest(parameterized.TestCase):
+    """Ghost clipping of (1 - w) g_i(theta) + w g_i(theta + d) (DiSK)."""
+
+    def _model(self, kind):
+        keras.utils.set_random_seed(0)
+        if kind == "fallback":  # SimpleRNN: replayed at the shifted weights
+            hidden = [keras.layers.SimpleRNN(4, return_sequences=True)]
+        else:
+            hidden = [keras.layers.Conv1D(
+                4, 2, activation="tanh",
+                kernel_regularizer=keras.regularizers.L2(0.1)),
+                keras.layers.LayerNormalization()]
+        model = helpers.sequential(
+            (6, 3), *hidden, keras.layers.Flatten(), keras.layers.Dense(2))
+        model.compile(loss=helpers.MSE)
+        return model
+
+    # w = 0.857 is the defaults' (kappa 0.7, gamma 0.5); 1.5 makes 1 - w < 0.
+    @parameterized.product(weight=(0.857, 1.5), kind=("ghost", "fallback"))
+    def test_matches_per_example_gradients_at_both_points(self, weight, kind):
+        model = self._model(kind)
+        x = helpers.normal((helpers.BATCH, 6, 3))
+        y = helpers.normal((helpers.BATCH, 2), seed=1)
+        variables = model.trainable_variables
+        before = helpers.numpy_values(variables)
+        rng = helpers.rng(3)
+        shifts = [0.3 * rng.normal(size=v.shape).astype("float32")
+                  for v in variables]
+        here, _ = helpers.reference_per_example_gradients(
+            model, helpers.MSE, x, y)
+        for v, b, d in zip(variables, before, shifts):
+            v.assign(b + d)
+        there, _ = helpers.reference_per_example_gradients(
+            model, helpers.MSE, x, y)
+        for v, b in zip(variables, before):
+            v.assign(b)
+        combined = [(1.0 - weight) * np.asarray(a, "float64")
+                    + weight * np.asarray(b, "float64")
+                    for a, b in zip(here, there)]
+        norms = np.sqrt(sum(np.sum(np.square(g.reshape(len(g), -1)), axis=1)
+                            for g in combined))
+        clip = float(np.median(norms)) * 1.0001
+        factors = np.minimum(1.0, clip / norms)
+        want = [np.tensordot(factors, g, axes=1) for g in combined]
+        summed, got_norms, _, _ = _shifted_sum(
+            model, x, y, clip, [tf.constant(d) for d in shifts], weight)
+        np.testing.assert_allclose(got_norms, norms, rtol=2e-5)
+        for got, expected, v in zip(summed, want, variables):
+            np.testing.assert_allclose(got, expected, rtol=5e-5, atol=1e-6,
+                                       err_msg=v.path)
+        # The weights are where they were.
+        for v, b in zip(variables, before):
+            np.testing.assert_array_equal(v.numpy(), b)
+
+    def test_both_points_draw_the_same_dropout_masks(self):
+        # With zero shifts, (1 - w) g_i + w g_i = g_i only if the second
+        # pass draws the first pass's masks; the generators advance once.
+        keras.utils.set_random_seed(0)
+        model = helpers.sequential(
+            (5,), keras.layers.Dense(16, activation="tanh"),
+            keras.layers.Dropout(0.5), keras.layers.Dense(2))
+        model.compile(loss=helpers.MSE)
+        x = helpers.normal((helpers.BATCH, 5))
+        y = helpers.normal((helpers.BATCH, 2), seed=1)
+        generators = compat.seed_generators(model)
+        self.assertNotEmpty(generators)
+        start = [g.state.numpy() for g in generators]
+        zeros = [tf.zeros(v.shape) for v in model.trainable_variables]
+        shifted = _shifted_sum(model, x, y, 1e3, zeros, 0.857)[0]
+        advanced = [g.state.numpy() for g in generators]
+        for g, s in zip(generators, start):
+            g.state.assign(s)
+        plain = _shifted_sum(model, x, y, 1e3, None, 0.0)[0]
+        for g, a in zip(generators, advanced):
+            np.testing.assert_array_equal(g.state.numpy(), a)
+        for a, b in zip(shifted, plain):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        # A different draw gives a different sum (the test can fail).
+        other = _shifted_sum(model, x, y, 1e3, None, 0.0)[0]
+        self.assertGreater(
+            max(float(np.max(np.abs(a - b))) for a, b in zip(other, plain)),
+            1e-3)
+
+    def test_rules_that_read_weights_are_refused(self):
+        # WSConv2D's rule standardizes the kernel in its blocks.
+        keras.utils.set_random_seed(0)
+        model = helpers.sequential((6, 6, 1), tf_layers.WSConv2D(2, 3),
+                                   keras.layers.Flatten(),
+                                   keras.layers.Dense(2))
+        model.compile(loss=helpers.MSE)
+        zeros = [tf.zeros(v.shape) for v in model.trainable_variables]
+        with self.assertRaisesRegex(
+                ghost_clipping.GhostClippingUnsupportedError,
+                "shifted weights"):
+            _shifted_sum(model, helpers.normal((helpers.BATCH, 6, 6, 1)),
+                         helpers.normal((helpers.BATCH, 2), seed=1), 1.0,
+                         zeros, 0.5)
 
 if __name__ == "__main__":
     absltest.main()

@@ -11,9 +11,10 @@ with d_j computed from one-example `tf.GradientTape`s in eager mode (at the
 shifted weights too, assigned to the model for the reference), the transform
 and the clipping in NumPy (float64). The optimizer's state is set by hand to
 a step t = 4 with a non-uniform preconditioner (scale-then-privatize) or a
-non-zero shift (DiSK); C is just above the median norm. Scale-then-privatize
-runs both on the vectorized path and with `clipping="auto"`, which takes
-ghost clipping's scaled norms where the model allows.
+non-zero shift (DiSK); C is just above the median norm. Both optimizers
+run on the vectorized path and with `clipping="auto"`, which takes ghost
+clipping (scaled norms; a second pass at the shifted weights) where the
+model allows.
 """
 
 import keras
@@ -125,9 +126,23 @@ _STP_GHOST_ENTRIES = ("conv2d_same_strided", "conv1d_strided_groups",
                       "lora_conv2d_same_strided_after_build")
 
 
+# DiSK's second pass (`ghost_clipping.clipped_gradient_sum(shifts=...)`):
+# every entry but these takes ghost clipping under clipping="auto" (the
+# blocks of WSConv2D's and LoRA's rules read weights, see
+# `Rule.shifted_pass`; ghost clipping refuses activity regularizers).
+_DISK_NOT_GHOST = ("ws_conv2d_group_norm", "activity_regularizer",
+                   "lora_dense_after_build")
+_DISK_GHOST_ENTRIES = ("conv2d_same_strided", "conv1d_strided_groups",
+                       "embedding_repeated_ids", "layer_norm",
+                       "position_embedding")
+
+
 def _cases():
     for name in _ENTRIES:
-        yield (f"_{name}_disk", name, "disk", False, "auto", "vectorized")
+        yield (f"_{name}_disk", name, "disk", False, "vectorized",
+               "vectorized")
+        yield (f"_{name}_disk_auto", name, "disk", False, "auto",
+               "vectorized" if name in _DISK_NOT_GHOST else "ghost")
         yield (f"_{name}_scale_then_privatize", name, "scale_then_privatize",
                False, "vectorized", "vectorized")
         yield (f"_{name}_scale_then_privatize_auto", name,
@@ -136,11 +151,14 @@ def _cases():
     for name in _STP_GHOST_ENTRIES:
         yield (f"_{name}_scale_then_privatize_auto", name,
                "scale_then_privatize", False, "auto", "ghost")
+    for name in _DISK_GHOST_ENTRIES:
+        yield (f"_{name}_disk_auto", name, "disk", False, "auto", "ghost")
     for optimizer in _OPTIMIZERS:
         yield (f"_dense_{optimizer}_xla", "dense", optimizer, True,
                "vectorized", "vectorized")
     yield ("_dense_scale_then_privatize_ghost_xla", "dense",
            "scale_then_privatize", True, "ghost", "ghost")
+    yield ("_dense_disk_ghost_xla", "dense", "disk", True, "ghost", "ghost")
 
 
 class PreclipZooTest(parameterized.TestCase):

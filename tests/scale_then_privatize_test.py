@@ -270,19 +270,6 @@ class ComposesTest(parameterized.TestCase):
 
 class ApiTest(parameterized.TestCase):
 
-    def test_ghost_clipping_raises_for_disk(self):
-        # DiSK's shifted weights need each example's gradient at two points.
-        x, y = _batch()
-        private = tf_dpadam.make_private(_dense_model(), seed=0,
-                                         clipping="ghost")
-        private.compile(optimizer=tf_dpadam.DPAdamDiSK(
-            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=6),
-            loss="mse")
-        with self.assertRaisesRegex(ValueError, "clipping='ghost'.*"
-                                    "DPAdamDiSK.*shifted weights"):
-            private.train_on_batch(x, y)
-        self.assertEqual(int(private.optimizer.iterations), 0)
-
     @pytest.mark.slow
     def test_auto_takes_ghost_clipping_where_it_has_scaled_norms(self):
         x, y = _batch()

@@ -117,6 +117,7 @@ class ConvolutionRule(rule.Rule):
     """`Conv1D` / `Conv2D`: a Dense on image patches."""
 
     name = "Conv"
+    shifted_pass = True  # blocks from the records alone
     overridable = ("call", "convolution_op")
 
     @classmethod

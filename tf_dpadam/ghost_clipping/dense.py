@@ -20,6 +20,7 @@ from tf_dpadam.ghost_clipping import rule
 class DenseRule(rule.Rule):
 
     name = "Dense"
+    shifted_pass = True  # blocks from the records alone
     weight_names = ("kernel", "bias")
     # The layer attribute of the kernel variable.
     kernel_name = "kernel"

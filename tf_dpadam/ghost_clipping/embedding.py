@@ -26,6 +26,7 @@ from tf_dpadam.ghost_clipping import rule
 class EmbeddingRule(rule.Rule):
 
     name = "Embedding"
+    shifted_pass = True  # blocks from the records alone
     weight_names = ("embeddings",)
 
     def intercept(self, recording, original, *args, **kwargs):

@@ -11,6 +11,7 @@ pass's random draws, so a fallback layer that draws random numbers in
 training (e.g. contains dropout) is refused.
 """
 
+import keras
 import tensorflow as tf
 from keras import ops
 
@@ -31,6 +32,7 @@ class FallbackRule(rule.Rule):
 
     name = "fallback"
     kind = "fallback"
+    shifted_pass = True  # replays at the record's weights
 
     def intercept(self, recording, original, *args, **kwargs):
         layer = self.layer
@@ -58,7 +60,9 @@ class FallbackRule(rule.Rule):
                 " numbers in training (e.g. dropout)"
             )
         taps = rule.watch_float(recording.tape, outputs)
-        self.records.append({"inputs": args_kwargs, "taps": taps})
+        # A pass at shifted weights (DiSK) replays at those weights.
+        self.records.append({"inputs": args_kwargs, "taps": taps,
+                             "offsets": recording.offsets})
         return outputs
 
     def taps(self):
@@ -84,13 +88,9 @@ class FallbackRule(rule.Rule):
                 args, kwargs = tf.nest.pack_sequence_as(
                     record["inputs"], example
                 )
-                with tf.GradientTape() as tape:
-                    outputs = layer(*args, **kwargs)
-                flat = tf.nest.flatten(outputs)
-                return clipping.gradients_or_zeros(
-                    tape, [flat[j] for j, _ in used], variables,
-                    output_gradients=[c[None] for c in cotangents],
-                )
+                return _replay_gradients(
+                    layer, variables, args, kwargs, record["offsets"],
+                    [j for j, _ in used], [c[None] for c in cotangents])
 
             per_example = vectorization.vectorized_map(
                 one_example,
@@ -107,3 +107,27 @@ class FallbackRule(rule.Rule):
             id(v): [blocks.MaterializedBlock(g)]
             for v, g in zip(variables, total)
         }
+
+
+def _replay_gradients(layer, variables, args, kwargs, offsets, outputs,
+                      cotangents):
+    """The vector-Jacobian product of `layer` on one example: the
+    gradients of its `outputs` (indices into its flattened outputs) with
+    `cotangents`, w.r.t. `variables`, at the weights plus `offsets`
+    (id -> shift) if given (a record of a pass at shifted weights)."""
+    if offsets is None:
+        with tf.GradientTape() as tape:
+            flat = tf.nest.flatten(layer(*args, **kwargs))
+        return clipping.gradients_or_zeros(
+            tape, [flat[j] for j in outputs], variables,
+            output_gradients=cotangents)
+    points = [v.value + ops.cast(ops.stop_gradient(offsets[id(v)]), v.dtype)
+              for v in variables]
+    with tf.GradientTape() as tape:
+        tape.watch(points)
+        with keras.StatelessScope(state_mapping=list(zip(variables, points))):
+            flat = tf.nest.flatten(layer(*args, **kwargs))
+    grads = tape.gradient([flat[j] for j in outputs], points,
+                          output_gradients=cotangents)
+    return [ops.zeros_like(p) if g is None else g
+            for p, g in zip(points, grads)]

@@ -39,6 +39,7 @@ def _serving_positions(layer):
 class PositionEmbeddingRule(rule.Rule):
 
     name = "PositionEmbedding"
+    shifted_pass = True  # blocks from the records alone
     weight_names = ("position_embeddings",)
 
     def intercept(self, recording, original, *args, **kwargs):

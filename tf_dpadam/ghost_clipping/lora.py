@@ -104,6 +104,7 @@ def lora_blocks(a, g, a_matrix, b, scale, output_side, a_to_matrix,
 class _LoraMixin:
     """What LoRA changes in a `DenseRule`: the kernel and its blocks."""
 
+    shifted_pass = False  # blocks read the other LoRA factor
     weight_names = ("_kernel", "bias", "lora_kernel_a", "lora_kernel_b")
     kernel_name = "_kernel"
     # The rule recomputes the merged kernel (Keras' `kernel` property).

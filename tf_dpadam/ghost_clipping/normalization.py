@@ -18,6 +18,7 @@ from tf_dpadam.ghost_clipping import rule
 class LayerNormalizationRule(rule.Rule):
 
     name = "LayerNormalization"
+    shifted_pass = True  # blocks from the records alone
     weight_names = ("gamma", "beta")
 
     def normalize(self, x):

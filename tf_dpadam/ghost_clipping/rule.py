@@ -28,12 +28,20 @@ class Rule:
         weight_names: the layer attributes holding the weights it knows.
         overridable: methods a subclass of the layer must not override
             (the rule reimplements them).
+        shifted_pass: whether its blocks come from the records and tap
+            gradients alone (they read no weight after the forward pass),
+            so that a second pass at other weights can add records that
+            stand for the gradients there (DiSK's two points, see the step).
+            Opt-in: a rule that reads a weight in `blocks` (a replay, a
+            kernel's standardization, LoRA's other factor) would compute
+            those records' gradients at the wrong weights.
     """
 
     name = None
     kind = "ghost"
     weight_names = ()
     overridable = ("call",)
+    shifted_pass = False
 
     @classmethod
     def refusal(cls, layer):

@@ -80,6 +80,7 @@ class StandardizedKernelBlock:
 class StandardizedConvolutionRule(convolution.ConvolutionRule):
     """`WSConv2D`: the convolution rule with the kernel standardized."""
 
+    shifted_pass = False  # blocks read the kernel (its standardization)
     name = "WSConv"
 
     def kernel_value(self):

@@ -22,10 +22,14 @@ first turns each row block into the block of the groups of K rows
 (`grouped`), so that an example's norm includes the cross terms between its
 views.
 
+With shifts (DiSK: example i's gradient is (1 - w) g_i(theta) +
+w g_i(theta + d)), steps 1 and 2 run again at theta + d with the same random
+draws, the loss weighted w (and the first pass's 1 - w); the rules keep both
+passes' records, as they keep the records of a layer called twice, so each
+block stands for the combination and its norm has the cross terms.
+
 This module knows no layer; the rules know no clipping.
 """
-
-import contextlib
 
 import keras
 import tensorflow as tf
@@ -35,90 +39,16 @@ from tf_dpadam import dp_math
 from tf_dpadam import compat
 from tf_dpadam.ghost_clipping import blocks as blocks_lib
 from tf_dpadam.ghost_clipping import plan as plan_lib
+from tf_dpadam.ghost_clipping import recording as recording_lib
 from tf_dpadam.ghost_clipping import sums
-
-
-class GhostClippingUnsupportedError(Exception):
-    """The model (or this trace of it) cannot use ghost clipping.
-
-    Raised while tracing, before anything is applied; the caller falls back to
-    the vectorized path. (Derives from `Exception` without its own `__init__`
-    so that AutoGraph re-raises it with its type instead of wrapping it in a
-    `StagingError`.)
-    """
-
-
-class Recording:
-    """What the rules see of the forward pass they record.
-
-    Attributes:
-        tape: the step's tape (rules watch their taps on it).
-        batch_size: the batch size (a scalar tensor).
-        static_batch_size: the batch size if known at trace time, else None.
-        active: whether the rules record (True inside `recorded`).
-        errors: problems found while recording (the step raises them).
-    """
-
-    def __init__(self, tape, batch_size, static_batch_size):
-        self.tape = tape
-        self.batch_size = batch_size
-        self.static_batch_size = static_batch_size
-        self.graph = tf.compat.v1.get_default_graph()
-        self.errors = []
-        self.active = False
-
-    def same_graph(self):
-        """False inside control flow (a `tf.while_loop`'s body, ...)."""
-        return tf.compat.v1.get_default_graph() is self.graph
-
-    def error(self, message):
-        self.errors.append(message)
-
-    def check_batch(self, t, layer):
-        """`t` with its leading axis checked to be the batch axis."""
-        if not tf.is_tensor(t):
-            return t
-        t = tf.convert_to_tensor(t)
-        if t.shape.rank == 0:
-            self.error(f"layer {layer.name!r} receives a scalar tensor")
-            return t
-        static = t.shape[0]
-        # A statically known leading size must be the batch size (an unknown
-        # one is checked at run time below).
-        if static is not None and static != self.static_batch_size:
-            self.error(
-                f"layer {layer.name!r} receives a tensor of shape {t.shape}"
-                " whose leading axis is not the batch axis (batch size"
-                f" {self.static_batch_size})"
-            )
-            return t
-        # Fails at run time if the leading axis is not the batch size.
-        return tf.reshape(
-            t, tf.concat([[self.batch_size], tf.shape(t)[1:]], axis=0)
-        )
-
-
-@contextlib.contextmanager
-def recorded(rules, recording):
-    """Installs the rules' interceptions; removes them on exit."""
-    installed = []
-    try:
-        for rule in rules:
-            rule.reset()
-            rule.install(recording)
-            installed.append(rule)
-        recording.active = True
-        yield
-    finally:
-        recording.active = False
-        for rule in reversed(installed):
-            rule.uninstall()
+from tf_dpadam.ghost_clipping.recording import GhostClippingUnsupportedError
 
 
 @tf.autograph.experimental.do_not_convert
 def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
                          l2_norm_clip, mask=None, training=True,
-                         group_size=1, scales=None):
+                         group_size=1, scales=None, shifts=None,
+                         shift_weight=0.0):
     """The sum of per-example gradients clipped to norm C, by ghost clipping.
 
     Args:
@@ -148,6 +78,15 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
             `tf_dpadam.preclip`): each example's gradient is then S * grad_i
             (the norms are those of the scaled gradients, from each block's
             `scale_sq`, and the sums are of the scaled gradients).
+        shifts, shift_weight: None, or a shift d per trainable variable
+            (its shape) and the weight w (DiSK, see `tf_dpadam.preclip`):
+            each example's gradient is then
+            (1 - w) grad_i(theta) + w grad_i(theta + d), from a second
+            forward and backward pass at theta + d (the same random draws
+            as the first) whose records follow the first pass's, so that
+            every block stands for the combination (a layer called twice
+            is one rule with two records already). Only rules whose blocks
+            come from their records alone (`Rule.shifted_pass`) allow it.
 
     Returns:
         `(summed, norms, losses, y_pred)`: one float32 tensor per
@@ -165,13 +104,15 @@ def clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     result, _ = _clipped_gradient_sum(
         model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
         mask=mask, training=training, group_size=group_size, scales=scales,
+        shifts=shifts, shift_weight=shift_weight,
     )
     return result
 
 
 def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
                           l2_norm_clip, mask=None, training=True,
-                          group_size=1, scales=None):
+                          group_size=1, scales=None, shifts=None,
+                          shift_weight=0.0):
     """`clipped_gradient_sum`'s result, and the blocks it was computed from."""
     if compat.in_stateless_scope():
         raise GhostClippingUnsupportedError(
@@ -183,26 +124,51 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     variables = model.trainable_variables
     first = tf.convert_to_tensor(tf.nest.flatten(x)[0])
     rows = tf.shape(first)[0]  # the rules see rows (K per example)
+    w = float(shift_weight) if shifts is not None else 0.0
+    if shifts is not None:
+        _check_shifted_pass(plan)
+        # The second pass draws what the first drew (dropout masks): the
+        # states read now, before the first pass advances them (`value`
+        # alone would be the variable, read later).
+        states = [(g.state, tf.identity(g.state.value))
+                  for g in compat.seed_generators(model)]
 
     # 1. Record.
     with tf.GradientTape() as tape:
-        recording = Recording(tape, rows, first.shape[0])
-        with recorded(plan.rules, recording):
+        recording = recording_lib.Recording(tape, rows, first.shape[0])
+        with recording_lib.recorded(plan.rules, recording):
             y_pred = model(x, training=training)
         losses = ops.cast(per_example_loss_fn(y, y_pred, sample_weight),
                           "float32")
-        total = ops.sum(losses)
-        if group_size > 1:
-            total = total / group_size  # each row weighs 1/K of its example
-    _check_recording(model, recording, losses)
+        # Each row weighs 1/K of its example; with shifts, the gradient
+        # here weighs 1 - w.
+        total = ops.sum(losses) * ((1.0 - w) / group_size)
+    recording_lib.check(model, recording, losses)
     # 2. Backward to the taps.
-    tap_grads = _tap_gradients(tape, total, plan, variables)
+    tap_grads = recording_lib.tap_gradients(tape, total, plan, variables)
+    finite = ops.isfinite(losses)
+    if shifts is not None:
+        # 1 and 2 again at the weights plus the shifts, the records after
+        # the first pass's: each rule's blocks then stand for
+        # (1 - w) g_i(theta) + w g_i(theta + shift).
+        shifted_grads, shifted_finite = _shifted_pass(
+            model, per_example_loss_fn, x, y, sample_weight, training,
+            plan, states, dict(zip(map(id, variables), shifts)), w,
+            group_size)
+        tap_grads = [a + b for a, b in zip(tap_grads, shifted_grads)]
+        finite = ops.logical_and(finite, shifted_finite)
     # 3. Norms.
     blocks = _blocks(plan, recording, tap_grads)
     if group_size > 1:
         blocks = _grouped(blocks, group_size)
         losses = ops.mean(ops.reshape(losses, (-1, group_size)), axis=1)
-    regularization, reg_grads = _regularization(model)
+        finite = ops.all(ops.reshape(finite, (-1, group_size)), axis=1)
+    regularization, reg_grads = recording_lib.regularization(model)
+    if shifts is not None and reg_grads:
+        _, shifted_reg = recording_lib.regularization(
+            model, offsets=dict(zip(map(id, variables), shifts)))
+        reg_grads = {k: (1.0 - w) * g + w * shifted_reg[k]
+                     for k, g in reg_grads.items()}
     scales = ({} if scales is None else
               {id(v): ops.cast(t, "float32") for v, t in zip(variables, scales)})
     # Per-layer clipping: one norm and one clip factor per group.
@@ -219,8 +185,7 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
             f"{error} (a per-example scale, as scale-then-privatize"
             " uses)") from error
     # 4. Clip factors: 0 for an example whose gradient (its norm) or loss
-    # is NaN or infinite.
-    finite = ops.isfinite(losses)
+    # (at either point, with shifts) is NaN or infinite.
     norms = norms if grouped else norms[0]
     factors = (dp_math.group_clip_factors(norms, l2_norm_clip.clip_norms,
                                           finite=finite) if grouped else
@@ -239,6 +204,52 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     for rule in plan.rules:
         rule.reset()
     return (summed, norms, losses, y_pred), blocks
+
+
+def _check_shifted_pass(plan):
+    """Raises unless every rule's blocks come from its records alone."""
+    refused = [rule.layer.name for rule in plan.rules
+               if not rule.shifted_pass]
+    if refused:
+        raise GhostClippingUnsupportedError(
+            f"layers {refused} have no ghost rule for gradients at shifted"
+            " weights (DiSK): their rules read the weights after the"
+            " forward pass")
+
+
+def _shifted_pass(model, per_example_loss_fn, x, y, sample_weight, training,
+                  plan, states, offsets, w, group_size):
+    """Records a forward pass at the weights plus `offsets` (id -> shift)
+    after the first pass's records, with the seed generators at `states`
+    (their values before the first pass; their advance is dropped), and
+    differentiates `w` times its loss to the new taps.
+
+    Returns:
+        `(tap_grads, finite)`: per rule, the gradients of its new records'
+        taps; per row, whether the loss at the shifted weights is finite.
+    """
+    variables = model.trainable_variables
+    counts = [len(rule.records) for rule in plan.rules]
+    mapping = list(states) + [
+        (v, v.value + ops.cast(ops.stop_gradient(offsets[id(v)]), v.dtype))
+        for v in variables
+    ]
+    first = tf.convert_to_tensor(tf.nest.flatten(x)[0])
+    with tf.GradientTape() as tape:
+        recording = recording_lib.Recording(tape, tf.shape(first)[0],
+                                            first.shape[0])
+        recording.offsets = offsets
+        with keras.StatelessScope(state_mapping=mapping,
+                                  collect_losses=True):
+            with recording_lib.recorded(plan.rules, recording, reset=False):
+                y_shifted = model(x, training=training)
+        losses = ops.cast(per_example_loss_fn(y, y_shifted, sample_weight),
+                          "float32")
+        total = ops.sum(losses) * (w / group_size)
+    recording_lib.check(model, recording, losses)
+    grads = recording_lib.tap_gradients(tape, total, plan, variables,
+                                        first=counts)
+    return grads, ops.isfinite(losses)
 
 
 def block_modes(model, per_example_loss_fn, x, y, sample_weight=None):
@@ -265,53 +276,6 @@ def block_modes(model, per_example_loss_fn, x, y, sample_weight=None):
 
     trace.get_concrete_function(x, y, sample_weight)
     return modes
-
-
-def _check_recording(model, recording, losses):
-    if recording.errors:
-        raise GhostClippingUnsupportedError("; ".join(recording.errors))
-    if compat.losses_added_in_call(model):
-        raise GhostClippingUnsupportedError(
-            "the model adds losses in call (add_loss or activity"
-            " regularization); they are per-example terms this module does"
-            " not decompose"
-        )
-    if len(losses.shape) != 1:
-        raise ValueError(
-            f"per_example_loss_fn must return a [batch] vector, got shape"
-            f" {losses.shape}"
-        )
-
-
-def _tap_gradients(tape, total, plan, variables):
-    """The gradients of the loss w.r.t. every rule's taps.
-
-    Ghost rules compute with stopped weights, so a ghost variable with a
-    gradient of its own is used outside its layer's call: refused.
-    """
-    ghost_variables = [
-        v for v in variables if plan.owner[id(v)].kind == "ghost"
-    ]
-    taps = [rule.taps() for rule in plan.rules]
-    tap_grads, unexpected = tape.gradient(
-        total, (taps, ghost_variables),
-        unconnected_gradients=tf.UnconnectedGradients.NONE,
-    )
-    leaked = [v.path for v, g in zip(ghost_variables, unexpected)
-              if g is not None]
-    if leaked:
-        raise GhostClippingUnsupportedError(
-            f"variables {leaked} are used outside their layer's call (e.g."
-            " tied weights, or a per_example_loss_fn that includes"
-            " regularization losses); their gradients would be incomplete"
-        )
-    # A tap the loss does not depend on has gradient zero.
-    return [
-        [[g if g is not None or t is None else tf.zeros_like(t)
-          for t, g in zip(record_taps, record_grads)]
-         for record_taps, record_grads in zip(rule_taps, rule_grads)]
-        for rule_taps, rule_grads in zip(taps, tap_grads)
-    ]
 
 
 def _blocks(plan, recording, tap_grads):
@@ -346,34 +310,6 @@ def _grouped(blocks, group_size):
                 )
         grouped[key] = [block.grouped(group_size) for block in value]
     return grouped
-
-
-def _regularization(model):
-    """`(R, {id(var): grad R})` over trainable weights with a regularizer.
-
-    As in the vectorized path, every example's loss includes the whole
-    regularization term R, so example i's gradient is `h_i + grad R`: its
-    squared norm is `||h_i||^2 + 2 h_i . grad R + ||grad R||^2` and the
-    clipped sum `sum_i c_i h_i + (sum_i c_i) grad R`.
-    """
-    regularized = [
-        v for v in model.trainable_weights
-        if getattr(v, "regularizer", None) is not None
-    ]
-    if not regularized:
-        return None, {}
-    with tf.GradientTape() as tape:
-        terms = []
-        for v in regularized:
-            loss = v.regularizer(v)
-            if not loss.dtype.is_floating:
-                loss = ops.cast(loss, keras.config.floatx())
-            terms.append(ops.sum(loss))
-        total = ops.sum(ops.stack(terms))
-    grads = tape.gradient(total, regularized)
-    return total, {
-        id(v): g for v, g in zip(regularized, grads) if g is not None
-    }
 
 
 def format_problems(problems):

@@ -235,9 +235,10 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
     Ghost clipping where the model allows it (decided while tracing),
     else per-example gradients by a vectorized map. When the optimizer
     transforms each example's gradient before clipping
-    (`optimizer.per_example_transform`), ghost clipping takes a
-    coordinate-wise scale (scale-then-privatize) and the vectorized map
-    alone takes shifted weights (DiSK). Both give the same
+    (`optimizer.per_example_transform`), both paths take it: a
+    coordinate-wise scale (scale-then-privatize) and shifted weights (DiSK;
+    ghost clipping where every rule's blocks come from its records and
+    replays, `ghost_clipping.rule.Rule.shifted_pass`). Both give the same
     sum up to float rounding (tests/privacy_zoo_test.py). Sets
     `model.clipping_used` and, when ghost clipping was refused,
     `model.ghost_unsupported_reason`.
@@ -253,23 +254,19 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
     """
     transform = model.optimizer.per_example_transform(
         model.trainable_variables)
-    # A coordinate-wise scale alone (scale-then-privatize) has ghost rules;
-    # shifted weights (DiSK) need each example's gradient at two points.
-    shifted = transform is not None and transform.shifts is not None
-    if shifted and model.clipping == "ghost":
-        raise ValueError(
-            f"make_private(clipping='ghost'): {type(model.optimizer).__name__}"
-            " takes each example's gradient at shifted weights, which ghost"
-            " clipping does not support; use clipping='auto' or"
-            " 'vectorized'.")
-    if model.clipping != "vectorized" and not shifted:
+    scales = shifts = None
+    shift_weight = 0.0
+    if transform is not None:
+        scales, shifts = transform.scales, transform.shifts
+        shift_weight = transform.shift_weight
+    if model.clipping != "vectorized":
         try:
             summed, norms, losses, y_pred = (
                 ghost_clipping.clipped_gradient_sum(
                     model, ghost_clipping.compiled_loss_fn(model), x, y,
                     sample_weight, l2_norm_clip, mask=present,
-                    group_size=model.augmult,
-                    scales=None if transform is None else transform.scales,
+                    group_size=model.augmult, scales=scales, shifts=shifts,
+                    shift_weight=shift_weight,
                 )
             )
             model.clipping_used = "ghost"
@@ -280,10 +277,6 @@ def clipped_sum_by_mode(model, x, y, sample_weight, present,
                     "make_private(clipping='ghost'): " + str(error)
                 ) from error
             model.ghost_unsupported_reason = str(error)
-    if shifted and model.clipping != "vectorized":
-        model.ghost_unsupported_reason = (
-            f"{type(model.optimizer).__name__} takes each example's gradient"
-            " at shifted weights (vectorized path only)")
     summed, norms, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
         model, x, y, sample_weight, l2_norm_clip, mask=present,
         group_size=model.augmult, transform=transform,
