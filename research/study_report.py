@@ -174,6 +174,29 @@ def _gap_table(plan, gap_values, summaries):
     return lines
 
 
+def _epsilon_note(records):
+    """A bullet when the runs of a cell report different epsilons: one
+    cell's runs share sigma, the sampling rate and the steps (a run with
+    other hyperparameters is not read back), so it is the accountant of
+    the binary that trained each run."""
+    spent = {}
+    for run, r in records.items():
+        spent.setdefault(run.cell, set()).add(round(r.record.epsilon, 3))
+    mixed = {cell: values for cell, values in spent.items() if len(values) > 1}
+    if not mixed:
+        return []
+    example = next(iter(mixed))
+    values = sorted(mixed[example])
+    return [
+        "- ε spent differs within a cell (e.g. "
+        f"{', '.join(f'{v:.2f}' for v in values)} in {example}): the runs of"
+        " a cell share σ, the sampling rate and the steps, so they are the"
+        " same mechanism with the same guarantee; each reports ε by the"
+        " accountant of the binary that trained it, RDP until 2026-11-26 and"
+        " PLD since (the tighter bound). `--calibration_accountant` names"
+        " the accountant that calibrated σ."]
+
+
 def _runs_table(plan, records):
     lines = _header("cell", "variant", "lr", "seed", "test accuracy (%)",
                     "ε spent", "steps", "median (v̂ − Φ)/Φ", "wall (s)")
@@ -282,6 +305,7 @@ def write_report(plan, records, output_dir, command, machine):
         " end, while the best sat there); total training time"
         f" {wall:.0f} s ({wall / 3600:.2f} h, the sum of the runs' wall"
         " seconds).",
+        *_epsilon_note(records),
         "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
         " v̂ = v/(1 − β₂ᵗ), over every coordinate; v̂ − Φ estimates the clean"
         " second moment v^c, with noise of about Φ·√(2(1 − β₂)) per"

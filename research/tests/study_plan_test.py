@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import tempfile
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -179,6 +180,29 @@ class GridTest(absltest.TestCase):
                     study_plan.default_variants(weight_decay=500.0)[
                         "dpadam_corrected_wd"]],
                 seeds=(0,), runs_dir="r", data={})
+
+
+class EpsilonNoteTest(absltest.TestCase):
+
+    def test_note_only_when_a_cell_mixes_accountants(self):
+
+        @dataclasses.dataclass(frozen=True)
+        class Run:
+            cell: str
+            seed: int
+
+        def records(*spent):
+            return {Run(cell, i): types.SimpleNamespace(
+                record=types.SimpleNamespace(epsilon=e))
+                for i, (cell, e) in enumerate(spent)}
+
+        self.assertEmpty(study_report._epsilon_note(records(
+            ("a", 3.0), ("a", 3.0000004), ("b", 7.0))))
+        note = study_report._epsilon_note(records(
+            ("a", 3.0), ("a", 2.4001), ("b", 7.0)))
+        self.assertLen(note, 1)
+        self.assertIn("2.40, 3.00 in a", note[0])
+        self.assertIn("same mechanism", note[0])
 
 
 class PhasesTest(absltest.TestCase):
