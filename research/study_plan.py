@@ -321,6 +321,8 @@ class StudyRecord:
     moments: dict
     # The lowest test accuracy of a class (runs on imbalanced data only).
     worst_class_accuracy: float | None = None
+    # Which class it was (its label).
+    worst_class: int | None = None
 
     @property
     def accuracy(self):
@@ -334,8 +336,11 @@ def load(plan, run):
     if record is None:
         return None
     metrics = runs.read_json(os.path.join(config.model_dir, runs.METRICS))
+    classes = metrics.get("class_accuracies")
     return StudyRecord(run, record, metrics.get("final_moments") or {},
-                       metrics.get("worst_class_accuracy"))
+                       metrics.get("worst_class_accuracy"),
+                       int(min(range(len(classes)), key=classes.__getitem__))
+                       if classes else None)
 
 
 def tuning_runs(plan):

@@ -9,6 +9,7 @@ next to it: the tuning curves, and the gaps against B and against the median
 (v_hat - Phi) / Phi.
 """
 
+import collections
 import json
 import math
 import os
@@ -197,6 +198,23 @@ def _epsilon_note(records):
         " the accountant that calibrated σ."]
 
 
+def _imbalance_note(records):
+    """A bullet on the imbalanced cells' data and their worst class."""
+    worst = [r.worst_class for r in records.values()
+             if r.worst_class is not None]
+    if not worst:
+        return []
+    counts = collections.Counter(worst)
+    ranked = ", ".join(f"class {c} in {n}" for c, n in counts.most_common())
+    return [
+        "- Class imbalance (the cells named `_imbalance<r>`): class c of"
+        " the training set's K keeps a fraction r^(c/(K − 1)) of its images"
+        " (class 0 all, class K − 1 the fraction r; N in the settings"
+        " table), the test set is the balanced one; \"test accuracy\" is over all of it and \"worst"
+        " class\" is the lowest accuracy of a class. The worst class of the"
+        f" {len(worst)} runs: {ranked}."]
+
+
 def _runs_table(plan, records):
     lines = _header("cell", "variant", "lr", "seed", "test accuracy (%)",
                     "ε spent", "steps", "median (v̂ − Φ)/Φ", "wall (s)")
@@ -306,6 +324,7 @@ def write_report(plan, records, output_dir, command, machine):
         f" {wall:.0f} s ({wall / 3600:.2f} h, the sum of the runs' wall"
         " seconds).",
         *_epsilon_note(records),
+        *_imbalance_note(records),
         "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
         " v̂ = v/(1 − β₂ᵗ), over every coordinate; v̂ − Φ estimates the clean"
         " second moment v^c, with noise of about Φ·√(2(1 − β₂)) per"

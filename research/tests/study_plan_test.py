@@ -205,6 +205,21 @@ class EpsilonNoteTest(absltest.TestCase):
         self.assertIn("same mechanism", note[0])
 
 
+class ImbalanceNoteTest(absltest.TestCase):
+
+    def test_the_worst_classes_are_counted(self):
+        def record(worst):
+            return types.SimpleNamespace(worst_class=worst)
+
+        self.assertEmpty(study_report._imbalance_note(
+            {1: record(None), 2: record(None)}))
+        note = study_report._imbalance_note(
+            {1: record(6), 2: record(6), 3: record(2), 4: record(None)})
+        self.assertLen(note, 1)
+        self.assertIn("The worst class of the 3 runs: class 6 in 2, class 2"
+                      " in 1.", note[0])
+
+
 class PhasesTest(absltest.TestCase):
     """The phases on a fake training (metrics.json written, nothing
     trained)."""
