@@ -115,7 +115,8 @@ def compare_sentence(summary, a, b):
     `(mean, std, n)` in `summary`, accuracies as fractions), one sentence."""
     first, second = common.OPTIMIZER_LABELS[a], common.OPTIMIZER_LABELS[b]
     if a not in summary or b not in summary:
-        return f"Not enough finished runs to compare {first} with {second} yet."
+        return (f"Not enough finished runs to compare {first} with {second}"
+                " yet.")
     gap, spread, verdict_word = compare(summary[a], summary[b])
     head = (f"{first} scores {100 * summary[a][0]:.2f}% against "
             f"{100 * summary[b][0]:.2f}% for {second} (a gap of "

@@ -329,8 +329,8 @@ def verdict(plan, rows):
     if len(names) == 1:
         text.append(f"Only {common.OPTIMIZER_LABELS[reference]} in this "
                     "plan: nothing to compare.")
-    text += [comparison.compare_sentence(summary, name, reference) for name in names
-             if name not in compared]
+    text += [comparison.compare_sentence(summary, name, reference)
+             for name in names if name not in compared]
     newer = [common.OPTIMIZER_LABELS[n] for n in names
              if n not in common.OPTIMIZER_NAMES]
     if newer:

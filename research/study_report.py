@@ -210,8 +210,9 @@ def _imbalance_note(records):
         "- Class imbalance (the cells named `_imbalance<r>`): class c of"
         " the training set's K keeps a fraction r^(c/(K − 1)) of its images"
         " (class 0 all, class K − 1 the fraction r; N in the settings"
-        " table), the test set is the balanced one; \"test accuracy\" is over all of it and \"worst"
-        " class\" is the lowest accuracy of a class. The worst class of the"
+        " table), the test set is the balanced one; \"test accuracy\" is"
+        " over all of it and \"worst class\" is the lowest accuracy of a"
+        " class. The worst class of the"
         f" {len(worst)} runs: {ranked}."]
 
 

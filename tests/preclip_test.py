@@ -1,6 +1,8 @@
 """tf_dpadam.preclip: the pre-clipping transform of per-example gradients."""
 
+import keras
 import numpy as np
+import tensorflow as tf
 from absl.testing import absltest
 
 from tf_dpadam import preclip
@@ -47,6 +49,20 @@ class TransformGradientsTest(absltest.TestCase):
     def test_an_empty_transform_is_refused(self):
         with self.assertRaisesRegex(ValueError, "scales or shifts"):
             preclip.PerExampleTransform()
+
+
+class ShiftedValueTest(absltest.TestCase):
+
+    def test_in_the_variable_dtype_without_a_gradient_to_the_shift(self):
+        variable = keras.Variable(np.array([1.0, 2.0], "float32"))
+        shift = tf.constant([0.5, -1.0], "float64")
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(shift)
+            value = preclip.shifted_value(variable, shift)
+        self.assertEqual(value.dtype, "float32")
+        np.testing.assert_allclose(value, [1.5, 1.0])
+        self.assertIsNone(tape.gradient(value, shift))
+        self.assertIsNotNone(tape.gradient(value, variable))
 
 
 if __name__ == "__main__":

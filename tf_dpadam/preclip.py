@@ -51,6 +51,12 @@ class PerExampleTransform:
                 "Expected scales or shifts for a PerExampleTransform.")
 
 
+def shifted_value(variable, shift):
+    """The value of `variable` plus `shift` (its gradient stopped), in the
+    variable's dtype: where DiSK's second point reads the weight."""
+    return variable.value + ops.cast(ops.stop_gradient(shift), variable.dtype)
+
+
 def transform_gradients(grads: Sequence, transform: PerExampleTransform,
                         shifted_grads: Optional[Sequence] = None) -> list:
     """The per-example gradients the step clips.

@@ -144,7 +144,7 @@ def _example_loss(model, generators, group_size, shifts, x, y, sample_weight,
     if shifts is not None:
         # Read through the tape: the gradient is taken at v + shift.
         mapping += [
-            (v, v.value + ops.cast(ops.stop_gradient(d), v.dtype))
+            (v, preclip.shifted_value(v, d))
             for v, d in zip(model.trainable_variables, shifts)
         ]
     else:

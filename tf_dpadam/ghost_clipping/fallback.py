@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
+from tf_dpadam import preclip
 from tf_dpadam.step import clipping
 from tf_dpadam import vectorization
 from tf_dpadam.ghost_clipping import blocks
@@ -121,8 +122,7 @@ def _replay_gradients(layer, variables, args, kwargs, offsets, outputs,
         return clipping.gradients_or_zeros(
             tape, [flat[j] for j in outputs], variables,
             output_gradients=cotangents)
-    points = [v.value + ops.cast(ops.stop_gradient(offsets[id(v)]), v.dtype)
-              for v in variables]
+    points = [preclip.shifted_value(v, offsets[id(v)]) for v in variables]
     with tf.GradientTape() as tape:
         tape.watch(points)
         with keras.StatelessScope(state_mapping=list(zip(variables, points))):

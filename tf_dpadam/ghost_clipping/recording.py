@@ -14,6 +14,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
+from tf_dpadam import preclip
 
 
 class GhostClippingUnsupportedError(Exception):
@@ -170,8 +171,8 @@ def regularization(model, offsets=None):
     with tf.GradientTape() as tape:
         points = regularized
         if offsets is not None:
-            points = [v.value + ops.cast(ops.stop_gradient(offsets[id(v)]),
-                                         v.dtype) for v in regularized]
+            points = [preclip.shifted_value(v, offsets[id(v)])
+                      for v in regularized]
             tape.watch(points)
         terms = []
         for v, point in zip(regularized, points):

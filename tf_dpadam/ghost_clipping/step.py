@@ -37,6 +37,7 @@ from keras import ops
 
 from tf_dpadam import dp_math
 from tf_dpadam import compat
+from tf_dpadam import preclip
 from tf_dpadam.ghost_clipping import blocks as blocks_lib
 from tf_dpadam.ghost_clipping import plan as plan_lib
 from tf_dpadam.ghost_clipping import recording as recording_lib
@@ -127,6 +128,7 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
     w = float(shift_weight) if shifts is not None else 0.0
     if shifts is not None:
         _check_shifted_pass(plan)
+        offsets = dict(zip(map(id, variables), shifts))
         # The second pass draws what the first drew (dropout masks): the
         # states read now, before the first pass advances them (`value`
         # alone would be the variable, read later).
@@ -153,8 +155,7 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         # (1 - w) g_i(theta) + w g_i(theta + shift).
         shifted_grads, shifted_finite = _shifted_pass(
             model, per_example_loss_fn, x, y, sample_weight, training,
-            plan, states, dict(zip(map(id, variables), shifts)), w,
-            group_size)
+            plan, states, offsets, w, group_size, rows, first.shape[0])
         tap_grads = [a + b for a, b in zip(tap_grads, shifted_grads)]
         finite = ops.logical_and(finite, shifted_finite)
     # 3. Norms.
@@ -165,8 +166,7 @@ def _clipped_gradient_sum(model, per_example_loss_fn, x, y, sample_weight,
         finite = ops.all(ops.reshape(finite, (-1, group_size)), axis=1)
     regularization, reg_grads = recording_lib.regularization(model)
     if shifts is not None and reg_grads:
-        _, shifted_reg = recording_lib.regularization(
-            model, offsets=dict(zip(map(id, variables), shifts)))
+        _, shifted_reg = recording_lib.regularization(model, offsets=offsets)
         reg_grads = {k: (1.0 - w) * g + w * shifted_reg[k]
                      for k, g in reg_grads.items()}
     scales = ({} if scales is None else
@@ -218,11 +218,12 @@ def _check_shifted_pass(plan):
 
 
 def _shifted_pass(model, per_example_loss_fn, x, y, sample_weight, training,
-                  plan, states, offsets, w, group_size):
+                  plan, states, offsets, w, group_size, rows, static_rows):
     """Records a forward pass at the weights plus `offsets` (id -> shift)
     after the first pass's records, with the seed generators at `states`
     (their values before the first pass; their advance is dropped), and
-    differentiates `w` times its loss to the new taps.
+    differentiates `w` times its loss to the new taps (`rows` and
+    `static_rows`: the batch's rows, as the first pass's `Recording`).
 
     Returns:
         `(tap_grads, finite)`: per rule, the gradients of its new records'
@@ -231,13 +232,9 @@ def _shifted_pass(model, per_example_loss_fn, x, y, sample_weight, training,
     variables = model.trainable_variables
     counts = [len(rule.records) for rule in plan.rules]
     mapping = list(states) + [
-        (v, v.value + ops.cast(ops.stop_gradient(offsets[id(v)]), v.dtype))
-        for v in variables
-    ]
-    first = tf.convert_to_tensor(tf.nest.flatten(x)[0])
+        (v, preclip.shifted_value(v, offsets[id(v)])) for v in variables]
     with tf.GradientTape() as tape:
-        recording = recording_lib.Recording(tape, tf.shape(first)[0],
-                                            first.shape[0])
+        recording = recording_lib.Recording(tape, rows, static_rows)
         recording.offsets = offsets
         with keras.StatelessScope(state_mapping=mapping,
                                   collect_losses=True):
