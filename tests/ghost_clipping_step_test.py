@@ -271,6 +271,12 @@ class ShiftedPassTest(parameterized.TestCase):
         keras.utils.set_random_seed(0)
         if kind == "fallback":  # SimpleRNN: replayed at the shifted weights
             hidden = [keras.layers.SimpleRNN(4, return_sequences=True)]
+        elif kind == "lora":
+            # Each factor's block reads the other factor where its pass
+            # read it; B's last axis produced (Dense), then contracted.
+            hidden = [keras.layers.Dense(4, activation="tanh"),
+                      keras.layers.EinsumDense("abc,dc->abd",
+                                               output_shape=(6, 5))]
         else:
             hidden = [keras.layers.Conv1D(
                 4, 2, activation="tanh",
@@ -278,11 +284,15 @@ class ShiftedPassTest(parameterized.TestCase):
                 keras.layers.LayerNormalization()]
         model = helpers.sequential(
             (6, 3), *hidden, keras.layers.Flatten(), keras.layers.Dense(2))
+        if kind == "lora":
+            for layer in hidden:
+                layer.enable_lora(2)
         model.compile(loss=helpers.MSE)
         return model
 
     # w = 0.857 is the defaults' (kappa 0.7, gamma 0.5); 1.5 makes 1 - w < 0.
-    @parameterized.product(weight=(0.857, 1.5), kind=("ghost", "fallback"))
+    @parameterized.product(weight=(0.857, 1.5),
+                           kind=("ghost", "fallback", "lora"))
     def test_matches_per_example_gradients_at_both_points(self, weight, kind):
         model = self._model(kind)
         x = helpers.normal((helpers.BATCH, 6, 3))

@@ -94,5 +94,29 @@ class ScaledNormsTest(absltest.TestCase):
                        {id(variable): tf.ones((2,))})
 
 
+class ConcatenatedTest(absltest.TestCase):
+
+    def test_blocks_side_by_side_stand_for_the_sum(self):
+        # Two passes' records of one kernel: each example's gradient is the
+        # sum of the two blocks' (the cross term in its norm).
+        rng = np.random.default_rng(2)
+        parts = [(rng.normal(size=(5, t, 16)), rng.normal(size=(5, t, 10)))
+                 for t in (3, 4)]
+        identity = lambda w: tf.cast(w, tf.float32)  # noqa: E731
+        block = blocks.concatenated([
+            blocks.LinearBlock(tf.constant(a, tf.float32),
+                               tf.constant(g, tf.float32), identity, identity)
+            for a, g in parts])
+        self.assertEqual(block.mode, "ghost")  # d p = 160 > T^2 = 49
+        want = sum(np.einsum("btd,btp->bdp", a, g) for a, g in parts)
+        np.testing.assert_allclose(
+            np.asarray(block.squared_norms()),
+            np.sum(want.reshape(5, -1) ** 2, axis=1), rtol=1e-5)
+        factors = rng.uniform(0, 1, size=5)
+        np.testing.assert_allclose(
+            np.asarray(block.weighted_sum(tf.constant(factors, tf.float32))),
+            np.tensordot(factors, want, axes=1), rtol=1e-5, atol=1e-5)
+
+
 if __name__ == "__main__":
     absltest.main()

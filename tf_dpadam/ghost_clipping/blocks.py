@@ -171,3 +171,14 @@ class LinearBlock:
         # the rows become positions (T = 1, "outer", becomes T = size).
         return LinearBlock(group_rows(self.a, size), group_rows(self.g, size),
                            self.to_matrix, self.from_matrix)
+
+
+def concatenated(linear_blocks):
+    """One `LinearBlock` for the sum of `linear_blocks`' gradients (same
+    matrix maps): their positions side by side."""
+    if len(linear_blocks) == 1:
+        return linear_blocks[0]
+    first = linear_blocks[0]
+    return LinearBlock(ops.concatenate([b.a for b in linear_blocks], axis=1),
+                       ops.concatenate([b.g for b in linear_blocks], axis=1),
+                       first.to_matrix, first.from_matrix)

@@ -43,7 +43,10 @@ class DenseRule(rule.Rule):
         if layer.bias is not None:
             z = ops.add(z, rule.stopped(layer.bias))
         recording.tape.watch(z)
-        self.records.append({"a": recording.check_batch(a, layer), "taps": [z]})
+        # `offsets`: the pass's shifts (DiSK's second pass), for rules whose
+        # blocks read weights.
+        self.records.append({"a": recording.check_batch(a, layer), "taps": [z],
+                             "offsets": recording.offsets})
         return layer.activation(z) if layer.activation is not None else z
 
     def blocks(self, recording, tap_grads):
@@ -55,20 +58,19 @@ class DenseRule(rule.Rule):
             a_list.append(tf.reshape(a, [recording.batch_size, -1, d]))
             g_list.append(tf.reshape(g, [recording.batch_size, -1, p]))
             bias_grads.append(ops.sum(g_list[-1], axis=1))
-        return self.weight_blocks(
-            ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
-            bias_grads, KernelMatrix.dense(d, p),
-        )
+        return self.weight_blocks(a_list, g_list, bias_grads,
+                                  KernelMatrix.dense(d, p))
 
-    def weight_blocks(self, a, g, bias_grads, matrix):
-        """The blocks of the kernel (`a`: `[B, T, d]`, `g`: `[B, T, p]`,
-        `matrix` the kernel's `KernelMatrix`) and of the bias."""
+    def weight_blocks(self, a_list, g_list, bias_grads, matrix):
+        """The blocks of the kernel (per record, `a`: `[B, T, d]` and `g`:
+        `[B, T, p]`; `matrix` the kernel's `KernelMatrix`) and of the bias."""
         kernel = self.variable(self.kernel_name)
         bias = self.variable("bias")
         out = {}
         if kernel is not None:
             out[id(kernel)] = [blocks.LinearBlock(
-                a, g, to_matrix=matrix.to_matrix,
+                ops.concatenate(a_list, axis=1),
+                ops.concatenate(g_list, axis=1), to_matrix=matrix.to_matrix,
                 from_matrix=matrix.from_matrix,
             )]
         if bias is not None:
@@ -126,10 +128,7 @@ class EinsumDenseRule(DenseRule):
             g_list.append(tf.reshape(g_t, [batch, -1, p]))
             if bias is not None:
                 bias_grads.append(reduce_to_shape(g, bias.shape))
-        return self.weight_blocks(
-            ops.concatenate(a_list, axis=1), ops.concatenate(g_list, axis=1),
-            bias_grads, matrix,
-        )
+        return self.weight_blocks(a_list, g_list, bias_grads, matrix)
 
 
 class KernelMatrix:

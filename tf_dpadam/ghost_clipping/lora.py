@@ -12,6 +12,9 @@ example (`dense.DenseRule` reduces EinsumDense to `[B, T, d]` inputs and
 two `blocks.LinearBlock`s of `d x r` and `r x p` products per example,
 never `d x p` (`lora_blocks`). W, not trainable, gets no block (if it is made
 trainable again it gets the plain kernel block); the bias is as without LoRA.
+Each factor's block reads the other factor, so a record of DiSK's second
+pass (at shifted weights) reads it shifted, and a factor's block is the
+records' positions side by side (`blocks.concatenated`).
 
 EinsumDense: Keras multiplies A (the kernel's shape with its last axis
 replaced by the rank) and B (`[r, k]`, k the kernel's last axis) on that
@@ -29,6 +32,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
+from tf_dpadam import preclip
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import rule
@@ -104,7 +108,8 @@ def lora_blocks(a, g, a_matrix, b, scale, output_side, a_to_matrix,
 class _LoraMixin:
     """What LoRA changes in a `DenseRule`: the kernel and its blocks."""
 
-    shifted_pass = False  # blocks read the other LoRA factor
+    # Each record's blocks read the other factor at that record's point.
+    shifted_pass = True
     weight_names = ("_kernel", "bias", "lora_kernel_a", "lora_kernel_b")
     kernel_name = "_kernel"
     # The rule recomputes the merged kernel (Keras' `kernel` property).
@@ -123,8 +128,16 @@ class _LoraMixin:
         )
         return ops.cast(merged, layer.compute_dtype)
 
-    def weight_blocks(self, a, g, bias_grads, matrix):
-        out = super().weight_blocks(a, g, bias_grads, matrix)
+    def _factor(self, name, offsets):
+        """The LoRA factor `name` where a record's pass read it: shifted by
+        `offsets` (DiSK's second pass) if it is trainable and they are set."""
+        variable = self.variable(name)
+        if offsets is None or variable is None:
+            return rule.stopped(getattr(self.layer, name))
+        return preclip.shifted_value(variable, offsets[id(variable)])
+
+    def weight_blocks(self, a_list, g_list, bias_grads, matrix):
+        out = super().weight_blocks(a_list, g_list, bias_grads, matrix)
         layer = self.layer
         factors = (self.variable("lora_kernel_a"),
                    self.variable("lora_kernel_b"))
@@ -138,16 +151,25 @@ class _LoraMixin:
             contracted=matrix.contracted + ("" if output_side else _RANK),
             produced=matrix.produced + (_RANK if output_side else ""),
         )
-        a_block, b_block = lora_blocks(
-            a, g,
-            a_matrix.to_matrix(rule.stopped(layer.lora_kernel_a)),
-            ops.cast(rule.stopped(layer.lora_kernel_b), "float32"),
-            self._scale(), output_side,
-            a_matrix.to_matrix, a_matrix.from_matrix,
-        )
-        for variable, block in zip(factors, (a_block, b_block)):
+        # Per record, since a record of a pass at shifted weights reads the
+        # shifted factors; each factor's gradient is the sum over records,
+        # i.e. one block with the records' positions side by side.
+        per_record = [
+            lora_blocks(
+                a, g,
+                a_matrix.to_matrix(self._factor("lora_kernel_a",
+                                                record["offsets"])),
+                ops.cast(self._factor("lora_kernel_b", record["offsets"]),
+                         "float32"),
+                self._scale(), output_side,
+                a_matrix.to_matrix, a_matrix.from_matrix,
+            )
+            for record, a, g in zip(self.records, a_list, g_list)
+        ]
+        for i, variable in enumerate(factors):
             if variable is not None:
-                out[id(variable)] = [block]
+                out[id(variable)] = [blocks.concatenated(
+                    [pair[i] for pair in per_record])]
         return out
 
 

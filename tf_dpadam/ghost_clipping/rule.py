@@ -34,7 +34,8 @@ class Rule:
             stand for the gradients there (DiSK's two points, see the step).
             Opt-in: a rule that reads a weight in `blocks` (a replay, a
             kernel's standardization, LoRA's other factor) would compute
-            those records' gradients at the wrong weights.
+            those records' gradients at the wrong weights unless it reads
+            it at the record's `offsets` (the fallback and LoRA rules do).
     """
 
     name = None
