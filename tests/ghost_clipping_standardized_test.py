@@ -100,12 +100,39 @@ class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
         np.testing.assert_allclose(sq, np.sum(want.reshape(-1, 4) ** 2, 0),
                                    rtol=1e-6)
         # And the block's projection, on the same numbers.
-        block = standardized.StandardizedKernelBlock(
-            inner=type("Inner", (), {"shape": w.shape})(), ones_dot=None,
-            k_dot=None, kernel=keras.ops.convert_to_tensor(k, "float32"),
+        point = standardized.KernelPoint(
+            inner=None, kernel=keras.ops.convert_to_tensor(k, "float32"),
             ratio=None)
-        got = block._jacobian_times(u.reshape(w.shape) / s)
+        block = standardized.StandardizedKernelBlock(
+            inner=type("Inner", (), {"shape": w.shape})(), points=[point],
+            ones_dot=None, dots=None)
+        got = block._jacobian_times(point, u.reshape(w.shape) / s)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    def test_two_point_identity_against_numpy(self):
+        # DiSK's two passes read the kernel at W_1 and W_2: |J_1 u_1 +
+        # J_2 u_2|^2 = |v|^2 - (1.v)^2/n - 2 sum_P alpha_P (k_P.v)/n
+        # + sum_PQ alpha_P alpha_Q (k_P.k_Q)/n^2, v = u~_1 + u~_2.
+        rng = np.random.default_rng(1)
+        eps = 0.3
+        ws = [rng.normal(size=(2, 2, 3, 4)) for _ in range(2)]
+        us = [rng.normal(size=(2, 2, 3, 4)) for _ in range(2)]
+        want = sum(_numpy_standardized_gradient(w, u, eps)
+                   for w, u in zip(ws, us)).reshape(-1, 4)
+        ks, uts = [], []
+        for w, u in zip(ws, us):
+            flat = w.reshape(-1, 4)
+            s = np.sqrt(flat.var(0) + eps)
+            ks.append((flat - flat.mean(0)) / s)
+            uts.append(u.reshape(-1, 4) / s)
+        n = ks[0].shape[0]
+        v = uts[0] + uts[1]
+        alphas = [np.sum(k * ut, 0) for k, ut in zip(ks, uts)]
+        sq = (np.sum(v ** 2, 0) - np.sum(v, 0) ** 2 / n
+              - 2 * sum(a * np.sum(k * v, 0) for a, k in zip(alphas, ks)) / n
+              + sum(alphas[i] * alphas[j] * np.sum(ks[i] * ks[j], 0)
+                    for i in range(2) for j in range(2)) / n ** 2)
+        np.testing.assert_allclose(sq, np.sum(want ** 2, 0), rtol=1e-6)
 
     def test_layer_standardizes_and_saves(self):
         keras.utils.set_random_seed(2)

@@ -1,5 +1,7 @@
 """The ghost clipping step on whole models, and what it refuses."""
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -271,6 +273,12 @@ class ShiftedPassTest(parameterized.TestCase):
         keras.utils.set_random_seed(0)
         if kind == "fallback":  # SimpleRNN: replayed at the shifted weights
             hidden = [keras.layers.SimpleRNN(4, return_sequences=True)]
+        elif kind == "standardized":
+            # WSConv2D's blocks read the kernel where each pass read it.
+            hidden = [keras.layers.Reshape((6, 3, 1)),
+                      tf_layers.WSConv2D(
+                          3, 2, activation="tanh",
+                          kernel_regularizer=keras.regularizers.L2(0.1))]
         elif kind == "lora":
             # Each factor's block reads the other factor where its pass
             # read it; B's last axis produced (Dense), then contracted.
@@ -292,7 +300,8 @@ class ShiftedPassTest(parameterized.TestCase):
 
     # w = 0.857 is the defaults' (kappa 0.7, gamma 0.5); 1.5 makes 1 - w < 0.
     @parameterized.product(weight=(0.857, 1.5),
-                           kind=("ghost", "fallback", "lora"))
+                           kind=("ghost", "fallback", "lora",
+                                 "standardized"))
     def test_matches_per_example_gradients_at_both_points(self, weight, kind):
         model = self._model(kind)
         x = helpers.normal((helpers.BATCH, 6, 3))
@@ -357,20 +366,26 @@ class ShiftedPassTest(parameterized.TestCase):
             max(float(np.max(np.abs(a - b))) for a, b in zip(other, plain)),
             1e-3)
 
-    def test_rules_that_read_weights_are_refused(self):
-        # WSConv2D's rule standardizes the kernel in its blocks.
+    def test_rules_that_do_not_opt_in_are_refused(self):
+        # A rule whose blocks would read a weight after the forward pass at
+        # the wrong point does not set `shifted_pass`.
+        class NotShifted(ghost_clipping.dense.DenseRule):
+            shifted_pass = False
+
         keras.utils.set_random_seed(0)
-        model = helpers.sequential((6, 6, 1), tf_layers.WSConv2D(2, 3),
-                                   keras.layers.Flatten(),
+        model = helpers.sequential((5,), keras.layers.Dense(3),
                                    keras.layers.Dense(2))
         model.compile(loss=helpers.MSE)
         zeros = [tf.zeros(v.shape) for v in model.trainable_variables]
-        with self.assertRaisesRegex(
-                ghost_clipping.GhostClippingUnsupportedError,
-                "shifted weights"):
-            _shifted_sum(model, helpers.normal((helpers.BATCH, 6, 6, 1)),
-                         helpers.normal((helpers.BATCH, 2), seed=1), 1.0,
-                         zeros, 0.5)
+        with mock.patch.dict(ghost_clipping.registry.GHOST_RULES,
+                             {keras.layers.Dense: NotShifted}):
+            with self.assertRaisesRegex(
+                    ghost_clipping.GhostClippingUnsupportedError,
+                    "shifted weights"):
+                _shifted_sum(model, helpers.normal((helpers.BATCH, 5)),
+                             helpers.normal((helpers.BATCH, 2), seed=1), 1.0,
+                             zeros, 0.5)
+
 
 if __name__ == "__main__":
     absltest.main()

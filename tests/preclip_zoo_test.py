@@ -127,11 +127,11 @@ _STP_GHOST_ENTRIES = ("conv2d_same_strided", "conv1d_strided_groups",
 
 
 # DiSK's second pass (`ghost_clipping.clipped_gradient_sum(shifts=...)`):
-# every entry but these takes ghost clipping under clipping="auto" (the
-# blocks of WSConv2D's rule standardize the kernel, see `Rule.shifted_pass`;
-# ghost clipping refuses activity regularizers). LoRA's blocks read each
-# factor where the record's pass read it.
-_DISK_NOT_GHOST = ("ws_conv2d_group_norm", "activity_regularizer")
+# every entry but this takes ghost clipping under clipping="auto" (ghost
+# clipping refuses activity regularizers). The blocks of WSConv2D's and
+# LoRA's rules read their weights where the record's pass read them (see
+# `Rule.shifted_pass`).
+_DISK_NOT_GHOST = ("activity_regularizer",)
 _DISK_GHOST_ENTRIES = ("conv2d_same_strided", "conv1d_strided_groups",
                        "embedding_repeated_ids", "layer_norm",
                        "position_embedding")

@@ -60,9 +60,11 @@ class DPAdamDiSK(DPAdam):
     Ghost clipping takes it with a second batched forward and backward pass
     at the shifted weights (the same dropout masks as the first), whose
     records join the first pass's so that each example's norm is that of
-    the combination; layers whose rules read weights after the forward pass
-    (WSConv2D, LoRA) send the step to the vectorized path under
-    `clipping="auto"` (`clipping="ghost"` raises).
+    the combination; rules that read a weight after the forward pass
+    (WSConv2D's, LoRA's, the fallback's) read it where each record's pass
+    read it. A user's rule that does not set `Rule.shifted_pass` sends the
+    step to the vectorized path under `clipping="auto"`
+    (`clipping="ghost"` raises).
 """ + DP_ARGS_DOC + r"""        learning_rate, beta_1, beta_2, epsilon, amsgrad: Keras Adam's.
         kappa: the filter's gain, in (0, 1] (1: no filtering, DP-Adam).
         gamma: the shift's step, > 0 (the paper's defaults: kappa = 0.7,

@@ -149,7 +149,7 @@ class ConvolutionRule(rule.Rule):
         recording.tape.watch(z)
         self.records.append({
             "a": recording.check_batch(x, layer), "padding": padding,
-            "conv": conv, "taps": [z],
+            "conv": conv, "taps": [z], "offsets": recording.offsets,
         })
         return layer.activation(z) if layer.activation is not None else z
 

@@ -35,7 +35,8 @@ class Rule:
             Opt-in: a rule that reads a weight in `blocks` (a replay, a
             kernel's standardization, LoRA's other factor) would compute
             those records' gradients at the wrong weights unless it reads
-            it at the record's `offsets` (the fallback and LoRA rules do).
+            it at the record's `offsets` (the fallback, LoRA and WSConv2D
+            rules do).
     """
 
     name = None

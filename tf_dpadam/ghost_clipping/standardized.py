@@ -18,40 +18,83 @@ output gradients divided by s_o) and r_o = |k_o|^2 / n = var / (var + eps):
   its bias): k_o . patch_t is z_to.
 
 The clipped sum is J applied to the convolution block's clipped sum of u~,
-and a regularizer's cross term uses J R' (J is symmetric). All of it is
-per-example [p] vectors besides the convolution's own block.
+and a regularizer's cross term is sum_t (x_t . s J R')_o u~_to (J is
+symmetric). All of it is per-example [p] vectors besides the convolution's
+own block.
+
+DiSK's second pass reads the kernel at other weights: each pass P has its
+own k_P, s_P and J_P, and example i's gradient is the sum of J_P u_P over
+the passes. With v = sum_P u~_P (one convolution block of all the passes'
+records) and alpha_P = k_P . u~_P, sum_P J_P u_P = P v - q with
+q = sum_P k_P alpha_P / n, and since P k_P = k_P:
+
+    |sum_P J_P u_P|^2 = |v|^2 - (1 . v)^2 / n
+                        - 2 sum_P alpha_P (k_P . v) / n + |q|^2
+
+where k_P . v = sum_Q k_P . u~_Q: the pass Q's scaled output gradients
+against its input convolved with k_P (alpha_P when Q = P), and
+|q|^2 = sum_{P,Q} alpha_P alpha_Q (k_P . k_Q) / n^2 (k_P . k_P = n r_P).
+One pass gives the formula above.
 """
 
 import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import layers
+from tf_dpadam import preclip
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import rule
 
 
+class KernelPoint:
+    """The standardized kernel where one pass read it: `kernel` is k as
+    `[n, p]`, `ratio` is r (`[p]`); `inner` is the `ConvolutionBlock` of
+    that pass's records with scaled output gradients (its clipped sum) and
+    `inputs`/`scaled` those records' `(input, padding)` and u~."""
+
+    def __init__(self, inner, kernel, ratio):
+        self.inner, self.kernel, self.ratio = inner, kernel, ratio
+
+    def conv_dot(self, matrix):
+        """`[B, p]`: sum_t (x_t . m_o) u~_to over this pass's records, for
+        `m` an `[n, p]` matrix (k of some pass, or s J R')."""
+        inner = self.inner
+        filters = tf.reshape(matrix, inner.shape)
+        rows = inner.group_size
+        out = tf.add_n([
+            ops.sum(tf.nn.convolution(
+                x, filters, strides=inner.strides, padding=padding.upper(),
+                dilations=inner.rates) * g, axis=(1, 2))
+            for (x, padding), g in zip(inner.inputs, inner.grads)])
+        return blocks.sum_groups(out, rows) if rows > 1 else out
+
+    def grouped(self, size):
+        return KernelPoint(self.inner.grouped(size), self.kernel, self.ratio)
+
+
 class StandardizedKernelBlock:
     """The block of W in a convolution with `standardize_kernel(W)`.
 
-    `inner` is the `ConvolutionBlock` of the scaled output gradients;
-    `ones_dot` and `k_dot` are `[B, p]` (1 . u~_o and k_o . u~_o per example);
-    `kernel` is k as `[n, p]` and `ratio` is r, `[p]`.
+    `inner` is the `ConvolutionBlock` of all the scaled output gradients
+    (v); `points` are the passes' `KernelPoint`s; `ones_dot` is `[B, p]`
+    (1 . v per example) and `dots[P][Q]` is `[B, p]` (k_P . u~_Q; alpha_P
+    on the diagonal).
     """
 
-    def __init__(self, inner, ones_dot, k_dot, kernel, ratio):
-        self.inner = inner
-        self.ones_dot, self.k_dot = ones_dot, k_dot
-        self.kernel, self.ratio = kernel, ratio
+    def __init__(self, inner, points, ones_dot, dots):
+        self.inner, self.points = inner, points
+        self.ones_dot, self.dots = ones_dot, dots
         self.shape = inner.shape
-        self.n = float(kernel.shape[0])
+        self.n = float(points[0].kernel.shape[0])
 
-    def _jacobian_times(self, w):
-        """s J w: `w` (the kernel's shape) with each column made orthogonal
-        to the ones and to k (r less of k)."""
-        m = tf.reshape(ops.cast(w, "float32"), self.kernel.shape)
+    def _jacobian_times(self, point, w):
+        """s J w at `point`: `w` (the kernel's shape) with each column made
+        orthogonal to the ones and to k (r less of k)."""
+        kernel = point.kernel
+        m = tf.reshape(ops.cast(w, "float32"), kernel.shape)
         m = m - ops.mean(m, axis=0, keepdims=True)
-        m = m - self.kernel * ops.sum(self.kernel * m, axis=0) / self.n
+        m = m - kernel * ops.sum(kernel * m, axis=0) / self.n
         return tf.reshape(m, self.shape)
 
     def squared_norms(self, reg_grad=None, scale_sq=None):
@@ -60,27 +103,42 @@ class StandardizedKernelBlock:
             # no longer subtract.
             raise blocks.ScaledNormUnsupportedError(
                 "WSConv2D's standardized kernel has no scaled ghost norm")
-        reg = None if reg_grad is None else self._jacobian_times(reg_grad)
-        sq = self.inner.squared_norms(reg)
-        removed = ops.sum(
-            ops.square(self.ones_dot)
-            + (2.0 - self.ratio) * ops.square(self.k_dot), axis=1) / self.n
+        n, points, dots = self.n, self.points, self.dots
+        sq = self.inner.squared_norms()
+        alphas = [dots[i][i] for i in range(len(points))]
+        k_dot_v = [tf.add_n(row) for row in dots]
+        removed = ops.square(self.ones_dot) / n + 2.0 * tf.add_n(
+            [a * kv for a, kv in zip(alphas, k_dot_v)]) / n
+        for i, p in enumerate(points):
+            for j, q in enumerate(points):
+                gram = (n * p.ratio if i == j
+                        else ops.sum(p.kernel * q.kernel, axis=0))
+                removed -= alphas[i] * alphas[j] * gram / (n * n)
+        sq = sq - ops.sum(removed, axis=1)
+        if reg_grad is not None:
+            sq = sq + 2.0 * ops.sum(tf.add_n([
+                p.conv_dot(tf.reshape(self._jacobian_times(p, reg_grad),
+                                      p.kernel.shape))
+                for p in points]), axis=1)
         # Float rounding could make a gradient along 1 and k alone negative.
-        return ops.maximum(sq - removed, 0.0)
+        return ops.maximum(sq, 0.0)
 
     def weighted_sum(self, factors):
-        return self._jacobian_times(self.inner.weighted_sum(factors))
+        return tf.add_n([self._jacobian_times(p, p.inner.weighted_sum(factors))
+                         for p in self.points])
 
     def grouped(self, size):
         return StandardizedKernelBlock(
-            self.inner.grouped(size), blocks.sum_groups(self.ones_dot, size),
-            blocks.sum_groups(self.k_dot, size), self.kernel, self.ratio)
+            self.inner.grouped(size), [p.grouped(size) for p in self.points],
+            blocks.sum_groups(self.ones_dot, size),
+            [[blocks.sum_groups(d, size) for d in row] for row in self.dots])
 
 
 class StandardizedConvolutionRule(convolution.ConvolutionRule):
     """`WSConv2D`: the convolution rule with the kernel standardized."""
 
-    shifted_pass = False  # blocks read the kernel (its standardization)
+    # Each pass's records read the kernel where that pass read it.
+    shifted_pass = True
     name = "WSConv"
 
     def kernel_value(self):
@@ -88,24 +146,50 @@ class StandardizedConvolutionRule(convolution.ConvolutionRule):
             rule.stopped(self.layer.kernel),
             self.layer.standardization_epsilon)
 
+    def _raw_kernel(self, offsets):
+        """W where a pass read it (shifted by `offsets` in DiSK's second)."""
+        if offsets is None:
+            return rule.stopped(self.layer.kernel)
+        variable = self.variable("kernel")
+        return preclip.shifted_value(variable, offsets[id(variable)])
+
     def kernel_block(self, recording, inputs, grads, convs):
         layer = self.layer
         eps = layer.standardization_epsilon
-        w = ops.cast(rule.stopped(layer.kernel), "float32")
-        variance = ops.var(w, axis=tuple(range(len(w.shape) - 1)))  # [p]
-        scale = ops.sqrt(variance + eps)
-        scaled = [g / scale for g in grads]
-        inner = convolution.ConvolutionBlock(layer, inputs, scaled, recording)
+        # The records by pass (in the order of the passes).
+        passes = {}
+        for index, record in enumerate(self.records):
+            offsets = record.get("offsets")
+            key = None if offsets is None else id(offsets)
+            passes.setdefault(key, (offsets, []))[1].append(index)
+        points, all_inputs, all_scaled, alphas = [], [], [], []
+        for offsets, indices in passes.values():
+            w = ops.cast(self._raw_kernel(offsets), "float32")
+            variance = ops.var(w, axis=tuple(range(len(w.shape) - 1)))  # [p]
+            scale = ops.sqrt(variance + eps)
+            these = [inputs[i] for i in indices]
+            scaled = [grads[i] / scale for i in indices]
+            inner = convolution.ConvolutionBlock(layer, these, scaled,
+                                                 recording)
+            kernel = tf.reshape(layers.standardize_kernel(w, eps),
+                                [inner.d, inner.p])
+            points.append(KernelPoint(inner, kernel,
+                                      variance / (variance + eps)))
+            # k_P . u~_P is sum_t z_to u~_to (z: the convolution's output).
+            alphas.append(tf.add_n([ops.sum(convs[i] * g, axis=(1, 2))
+                                    for i, g in zip(indices, scaled)]))
+            all_inputs += these
+            all_scaled += scaled
+        inner = convolution.ConvolutionBlock(layer, all_inputs, all_scaled,
+                                             recording)
         ones = tf.ones(inner.kernel_size + [inner.shape[-2], 1], tf.float32)
         ones_dot = tf.add_n([
             ops.sum(tf.nn.convolution(
                 x, ones, strides=inner.strides, padding=padding.upper(),
                 dilations=inner.rates) * g, axis=(1, 2))
-            for (x, padding), g in zip(inputs, scaled)
+            for (x, padding), g in zip(all_inputs, all_scaled)
         ])
-        k_dot = tf.add_n([ops.sum(z * g, axis=(1, 2))
-                          for z, g in zip(convs, scaled)])
-        kernel = tf.reshape(layers.standardize_kernel(w, eps),
-                            [inner.d, inner.p])
-        return StandardizedKernelBlock(inner, ones_dot, k_dot, kernel,
-                                       variance / (variance + eps))
+        dots = [[alphas[i] if i == j else q.conv_dot(p.kernel)
+                 for j, q in enumerate(points)]
+                for i, p in enumerate(points)]
+        return StandardizedKernelBlock(inner, points, ones_dot, dots)
