@@ -88,7 +88,8 @@ _VARIANTS = {
              "dpadam_stp", "dpadam_stp+vectorized", "dpadam_disk",
              "dpadam_disk+vectorized"],
     "cnn_accum": ["dpadam_corrected"],
-    "lora": ["nonprivate", "dpadam_corrected"],
+    "lora": ["nonprivate", "dpadam_corrected", "dpadam_disk",
+             "dpadam_disk+vectorized"],
     "full": ["nonprivate", "dpadam_corrected"],
 }
 # LoRA rank and target layers of the "lora" configuration.
