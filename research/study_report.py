@@ -198,6 +198,25 @@ def _epsilon_note(records):
         " the accountant that calibrated σ."]
 
 
+def _moment_note(plan):
+    """Where v̂'s noise is not Φ: DiSK's and scale-then-privatize's."""
+    optimizers = {v.optimizer for v in plan.variants}
+    notes = []
+    if "dpadam_disk" in optimizers:
+        notes.append(
+            "- DiSK's Adam sees the Kalman-filtered gradient, whose noise"
+            " adds about κ/(2 − κ)·Φ to v̂ in the steady state (0.54 Φ at"
+            " the default κ = 0.7): its (v̂ − Φ)/Φ is about −0.46 from the"
+            " noise alone.")
+    if "dpadam_stp" in optimizers:
+        notes.append(
+            "- Scale-then-privatize unscales the noise: Φ/s_j² on coordinate"
+            " j, Φ on average over the coordinates (the RMS of 1/s is 1) but"
+            " skewed, so its mean (v̂ − Φ)/Φ, not its median, is about 0"
+            " from the noise alone.")
+    return notes
+
+
 def _imbalance_note(records):
     """A bullet on the imbalanced cells' data and their worst class."""
     worst = [r.worst_class for r in records.values()
@@ -332,7 +351,7 @@ def write_report(plan, records, output_dir, command, machine):
         " coordinate (more after few steps, whose skewed average also pulls"
         " the median below the median v^c: about −0.16 Φ after 4 steps of"
         " noise alone). \"v̂ − Φ < γ'\": the coordinates on which DP-AdamBC"
-        " divides by √γ' (DP-SGD has no v).", "",
+        " divides by √γ' (DP-SGD has no v).", *_moment_note(plan), "",
         "## Settings", "", *_settings_table(plan), "",
         *_variants_table(plan), "",
         "## Best learning rate of each variant", "",

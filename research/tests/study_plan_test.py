@@ -8,6 +8,7 @@ import os
 import tempfile
 import types
 
+import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -218,6 +219,33 @@ class ImbalanceNoteTest(absltest.TestCase):
         self.assertLen(note, 1)
         self.assertIn("The worst class of the 3 runs: class 6 in 2, class 2"
                       " in 1.", note[0])
+
+
+class MomentNoteTest(absltest.TestCase):
+
+    def test_notes_for_the_optimizers_whose_noise_is_not_phi(self):
+        def plan(*optimizers):
+            return types.SimpleNamespace(variants=[
+                types.SimpleNamespace(optimizer=o) for o in optimizers])
+
+        self.assertEmpty(study_report._moment_note(
+            plan("dpsgd", "dpadam", "dpadam_corrected")))
+        (disk,) = study_report._moment_note(plan("dpadam", "dpadam_disk"))
+        self.assertIn("κ/(2 − κ)·Φ", disk)
+        self.assertLen(study_report._moment_note(
+            plan("dpadam_stp", "dpadam_disk")), 2)
+
+    def test_disk_filters_the_noise_to_kappa_over_two_minus_kappa(self):
+        # The note's number: g_t = (1 - kappa) g_{t-1} + kappa z_t with
+        # Var z = Phi has the steady variance kappa / (2 - kappa) Phi.
+        rng = np.random.default_rng(0)
+        kappa, g, squares = 0.7, np.zeros(20000), []
+        for t in range(200):
+            g = (1 - kappa) * g + kappa * rng.normal(size=g.shape)
+            if t >= 50:
+                squares.append(np.mean(g ** 2))
+        self.assertAlmostEqual(float(np.mean(squares)),
+                               kappa / (2 - kappa), delta=0.01)
 
 
 class PhasesTest(absltest.TestCase):
