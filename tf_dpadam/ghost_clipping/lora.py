@@ -32,7 +32,6 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
-from tf_dpadam import preclip
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import dense
 from tf_dpadam.ghost_clipping import rule
@@ -128,14 +127,6 @@ class _LoraMixin:
         )
         return ops.cast(merged, layer.compute_dtype)
 
-    def _factor(self, name, offsets):
-        """The LoRA factor `name` where a record's pass read it: shifted by
-        `offsets` (DiSK's second pass) if it is trainable and they are set."""
-        variable = self.variable(name)
-        if offsets is None or variable is None:
-            return rule.stopped(getattr(self.layer, name))
-        return preclip.shifted_value(variable, offsets[id(variable)])
-
     def weight_blocks(self, a_list, g_list, bias_grads, matrix):
         out = super().weight_blocks(a_list, g_list, bias_grads, matrix)
         layer = self.layer
@@ -157,9 +148,9 @@ class _LoraMixin:
         per_record = [
             lora_blocks(
                 a, g,
-                a_matrix.to_matrix(self._factor("lora_kernel_a",
-                                                record["offsets"])),
-                ops.cast(self._factor("lora_kernel_b", record["offsets"]),
+                a_matrix.to_matrix(self.value_at("lora_kernel_a",
+                                                 record["offsets"])),
+                ops.cast(self.value_at("lora_kernel_b", record["offsets"]),
                          "float32"),
                 self._scale(), output_side,
                 a_matrix.to_matrix, a_matrix.from_matrix,

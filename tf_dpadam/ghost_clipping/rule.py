@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import compat
+from tf_dpadam import preclip
 
 
 class Rule:
@@ -108,6 +109,15 @@ class Rule:
         if v is None or id(v) not in {id(w) for w in self.variables}:
             return None
         return v
+
+    def value_at(self, name, offsets):
+        """The layer's weight `name` (stopped) where a record's pass read it:
+        shifted by `offsets` (DiSK's second pass) if the rule owns it and
+        they are set."""
+        variable = self.variable(name)
+        if offsets is None or variable is None:
+            return stopped(getattr(self.layer, name))
+        return preclip.shifted_value(variable, offsets[id(variable)])
 
 
 def first_input(args, kwargs):

@@ -41,7 +41,6 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam import layers
-from tf_dpadam import preclip
 from tf_dpadam.ghost_clipping import blocks
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import rule
@@ -50,8 +49,8 @@ from tf_dpadam.ghost_clipping import rule
 class KernelPoint:
     """The standardized kernel where one pass read it: `kernel` is k as
     `[n, p]`, `ratio` is r (`[p]`); `inner` is the `ConvolutionBlock` of
-    that pass's records with scaled output gradients (its clipped sum) and
-    `inputs`/`scaled` those records' `(input, padding)` and u~."""
+    that pass's records with scaled output gradients u~ (its clipped sum,
+    `conv_dot`)."""
 
     def __init__(self, inner, kernel, ratio):
         self.inner, self.kernel, self.ratio = inner, kernel, ratio
@@ -146,13 +145,6 @@ class StandardizedConvolutionRule(convolution.ConvolutionRule):
             rule.stopped(self.layer.kernel),
             self.layer.standardization_epsilon)
 
-    def _raw_kernel(self, offsets):
-        """W where a pass read it (shifted by `offsets` in DiSK's second)."""
-        if offsets is None:
-            return rule.stopped(self.layer.kernel)
-        variable = self.variable("kernel")
-        return preclip.shifted_value(variable, offsets[id(variable)])
-
     def kernel_block(self, recording, inputs, grads, convs):
         layer = self.layer
         eps = layer.standardization_epsilon
@@ -164,7 +156,7 @@ class StandardizedConvolutionRule(convolution.ConvolutionRule):
             passes.setdefault(key, (offsets, []))[1].append(index)
         points, all_inputs, all_scaled, alphas = [], [], [], []
         for offsets, indices in passes.values():
-            w = ops.cast(self._raw_kernel(offsets), "float32")
+            w = ops.cast(self.value_at("kernel", offsets), "float32")
             variance = ops.var(w, axis=tuple(range(len(w.shape) - 1)))  # [p]
             scale = ops.sqrt(variance + eps)
             these = [inputs[i] for i in indices]
