@@ -253,11 +253,12 @@ class RefusalTest(helpers.GhostLockstepMixin, parameterized.TestCase):
             run(helpers.normal((helpers.BATCH, 4, 5)))
 
 
-def _shifted_sum(model, x, y, clip, shifts, weight):
-    """`clipped_gradient_sum` with shifts (DiSK's two points), in a graph."""
+def _shifted_sum(model, x, y, clip, shifts, weight, jit=False):
+    """`clipped_gradient_sum` with shifts (DiSK's two points), in a graph
+    (compiled by XLA with `jit`)."""
     loss_fn = ghost_clipping.compiled_loss_fn(model)
 
-    @tf.function
+    @tf.function(jit_compile=jit)
     def run(x, y):
         return ghost_clipping.clipped_gradient_sum(
             model, loss_fn, x, y, None, clip, shifts=shifts,
@@ -299,10 +300,14 @@ class ShiftedPassTest(parameterized.TestCase):
         return model
 
     # w = 0.857 is the defaults' (kappa 0.7, gamma 0.5); 1.5 makes 1 - w < 0.
-    @parameterized.product(weight=(0.857, 1.5),
-                           kind=("ghost", "fallback", "lora",
-                                 "standardized"))
-    def test_matches_per_example_gradients_at_both_points(self, weight, kind):
+    # XLA on the rules that read weights at each pass's point.
+    @parameterized.parameters(
+        *[dict(weight=w, kind=k, jit=False) for w in (0.857, 1.5)
+          for k in ("ghost", "fallback", "lora", "standardized")],
+        *[dict(weight=0.857, kind=k, jit=True)
+          for k in ("lora", "standardized")])
+    def test_matches_per_example_gradients_at_both_points(self, weight, kind,
+                                                          jit):
         model = self._model(kind)
         x = helpers.normal((helpers.BATCH, 6, 3))
         y = helpers.normal((helpers.BATCH, 2), seed=1)
@@ -328,7 +333,7 @@ class ShiftedPassTest(parameterized.TestCase):
         factors = np.minimum(1.0, clip / norms)
         want = [np.tensordot(factors, g, axes=1) for g in combined]
         summed, got_norms, _, _ = _shifted_sum(
-            model, x, y, clip, [tf.constant(d) for d in shifts], weight)
+            model, x, y, clip, [tf.constant(d) for d in shifts], weight, jit)
         np.testing.assert_allclose(got_norms, norms, rtol=2e-5)
         for got, expected, v in zip(summed, want, variables):
             np.testing.assert_allclose(got, expected, rtol=5e-5, atol=1e-6,
