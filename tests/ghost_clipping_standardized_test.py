@@ -8,9 +8,11 @@ from unittest import mock
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tf_dpadam import ghost_clipping
 from tf_dpadam import layers
 from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import standardized
@@ -43,6 +45,23 @@ def _numpy_standardized_gradient(w, u, eps):
         step[index] = h
         grad[index] = (f(w + step) - f(w - step)) / (2 * h)
     return grad
+
+
+def _tape_gradients(model, x, y, group_size=1):
+    """Each example's gradient (float64), from one-example tapes: the mean
+    of its `group_size` rows' loss gradients plus the regularizer's."""
+    grads = []
+    for i in range(len(x) // group_size):
+        rows = slice(i * group_size, (i + 1) * group_size)
+        with tf.GradientTape() as tape:
+            pred = model(x[rows], training=True)
+            loss = keras.ops.mean(keras.ops.mean(
+                keras.ops.square(pred - y[rows]), axis=-1))
+            for extra in model.losses:
+                loss = loss + keras.ops.sum(extra)
+        grads.append([np.asarray(g, "float64") for g in
+                      tape.gradient(loss, model.trainable_variables)])
+    return grads
 
 
 class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
@@ -79,6 +98,64 @@ class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
         with mock.patch.object(convolution, "PATCH_FLOATS_PER_CHUNK",
                                         9 * 8 * 27 * 3):
             self.assert_lockstep(model, x, y)
+
+    @parameterized.named_parameters(
+        ("same", {"padding": "same"}, {}),
+        ("regularized_strided", {"padding": "same", "strides": 2,
+                                 "regularizer": keras.regularizers.L2(0.1)},
+         {}),
+        ("chunked", {"padding": "valid", "use_bias": True},
+         {"chunk_floats": 9 * 8 * 27 * 3}),
+        ("chunked_dynamic_batch", {"padding": "same"},
+         {"chunk_floats": 9 * 8 * 27 * 3, "dynamic": True}),
+        ("augmult", {"padding": "same",
+                     "regularizer": keras.regularizers.L2(0.1)},
+         {"group_size": 3}),
+        ("jit", {"padding": "same", "dilation_rate": 2}, {"jit": True}),
+    )
+    @pytest.mark.slow
+    def test_scaled_norms_against_tapes(self, kwargs, options):
+        # Scale-then-privatize: the norms of S * grad_i and the clipped sum
+        # of the scaled gradients, against one-example tapes.
+        kwargs = {"use_bias": False, **kwargs}
+        group_size = options.get("group_size", 1)
+        keras.utils.set_random_seed(3)
+        model = _ws_model(**kwargs)
+        model.compile(loss="mse")
+        rows = helpers.BATCH * group_size
+        x = helpers.normal((rows, 9, 8, 3))
+        y = helpers.normal((rows, 3), seed=1)
+        rng = np.random.default_rng(4)
+        scales = [rng.uniform(0.2, 2.0, v.shape).astype("float32")
+                  for v in model.trainable_variables]
+        grads = _tape_gradients(model, x, y, group_size)
+        scaled = [[s * g for s, g in zip(scales, example)]
+                  for example in grads]
+        norms = np.array([np.sqrt(sum(np.sum(g ** 2) for g in example))
+                          for example in scaled])
+        clip = float(np.median(norms)) * 1.0001
+        want = [sum(min(1.0, clip / n) * example[j]
+                    for n, example in zip(norms, scaled))
+                for j in range(len(scales))]
+        loss_fn = ghost_clipping.compiled_loss_fn(model)
+
+        @tf.function(jit_compile=options.get("jit", False))
+        def run(x, y):
+            return ghost_clipping.clipped_gradient_sum(
+                model, loss_fn, x, y, None, clip, group_size=group_size,
+                scales=[tf.constant(s) for s in scales])
+
+        if options.get("dynamic"):
+            run = run.get_concrete_function(
+                tf.TensorSpec([None, 9, 8, 3]), tf.TensorSpec([None, 3]))
+        with mock.patch.object(convolution, "PATCH_FLOATS_PER_CHUNK",
+                               options.get("chunk_floats",
+                                           convolution.PATCH_FLOATS_PER_CHUNK)):
+            summed, got_norms, _, _ = run(tf.constant(x), tf.constant(y))
+        np.testing.assert_allclose(got_norms, norms, rtol=2e-5)
+        for got, w in zip(summed, want):
+            np.testing.assert_allclose(got, w, rtol=5e-5,
+                                       atol=5e-6 * np.max(np.abs(w)))
 
     def test_jacobian_identity_against_numpy(self):
         # The block's claim: grad W = J u, |J u_o|^2 = |u~|^2 - (1.u~)^2/n -

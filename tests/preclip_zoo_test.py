@@ -112,10 +112,10 @@ _OPTIMIZERS = {"scale_then_privatize": _scale_then_privatize,
 
 
 # Scale-then-privatize's ghost norms (`ghost_clipping.blocks`, scale_sq):
-# every entry but these takes them under clipping="auto" (WSConv2D's
-# standardized kernel has no scaled ghost norm; ghost clipping refuses
-# activity regularizers).
-_STP_NOT_GHOST = ("ws_conv2d_group_norm", "activity_regularizer")
+# every entry but this takes them under clipping="auto" (ghost clipping
+# refuses activity regularizers; WSConv2D's standardized kernel materializes
+# each example's kernel gradient).
+_STP_NOT_GHOST = ("activity_regularizer",)
 # More of ghost clipping's blocks under a scale (scale-then-privatize with
 # clipping="auto" only): convolutions (patches), repeated embedding ids
 # (one segment per id), layer normalization, keras-hub's position

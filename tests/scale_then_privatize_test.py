@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+from unittest import mock
 
 import keras
 import numpy as np
@@ -12,6 +13,8 @@ from absl.testing import parameterized
 
 import tf_dpadam
 from tf_dpadam import scale_then_privatize as stp
+from tf_dpadam.ghost_clipping import blocks
+from tf_dpadam.ghost_clipping import standardized
 
 _BETA_1, _BETA_2, _EPS, _EPS_S = 0.9, 0.999, 1e-7, 1e-3
 
@@ -276,16 +279,28 @@ class ApiTest(parameterized.TestCase):
         private = _private(_dense_model(), 1.0, 1.0, 6, 0.01)
         private.train_on_batch(x, y)
         self.assertEqual(private.clipping_used, "ghost")
-        # WSConv2D's standardized kernel has none: the vectorized map.
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([
-            keras.Input((6, 6, 2)), tf_dpadam.layers.WSConv2D(3, 3),
-            keras.layers.Flatten(), keras.layers.Dense(2)])
-        private = _private(model, 1.0, 1.0, 4, 0.01)
-        private.train_on_batch(np.ones((4, 6, 6, 2), "float32"),
-                               np.ones((4, 2), "float32"))
+
+        def ws_conv_model():
+            keras.utils.set_random_seed(0)
+            return keras.Sequential([
+                keras.Input((6, 6, 2)), tf_dpadam.layers.WSConv2D(3, 3),
+                keras.layers.Flatten(), keras.layers.Dense(2)])
+
+        images = np.ones((4, 6, 6, 2), "float32")
+        labels = np.ones((4, 2), "float32")
+        private = _private(ws_conv_model(), 1.0, 1.0, 4, 0.01)
+        private.train_on_batch(images, labels)
+        self.assertEqual(private.clipping_used, "ghost")
+        # A block without a scaled norm (a user's rule may have none): the
+        # vectorized map, with the reason.
+        with mock.patch.object(
+                standardized.StandardizedKernelBlock, "_scaled_norms",
+                side_effect=blocks.ScaledNormUnsupportedError(
+                    "this block has no scaled norm")):
+            private = _private(ws_conv_model(), 1.0, 1.0, 4, 0.01)
+            private.train_on_batch(images, labels)
         self.assertEqual(private.clipping_used, "vectorized")
-        self.assertIn("standardized kernel has no scaled ghost norm",
+        self.assertIn("this block has no scaled norm",
                       private.ghost_unsupported_reason)
 
     def test_moment_diagnostics_refuse_transformed_gradients(self):

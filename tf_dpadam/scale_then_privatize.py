@@ -104,8 +104,8 @@ class DPAdamScaleThenPrivatize(DPAdam):
 
     Ghost clipping computes the norms of the scaled per-example gradients
     (each block's `scale_sq`, `tf_dpadam.ghost_clipping.blocks`) and
-    `clipping="auto"` takes it where the model allows; WSConv2D's
-    standardized kernel has no scaled ghost norm (the vectorized path). The
+    `clipping="auto"` takes it where the model allows (WSConv2D's
+    standardized kernel materializes each example's kernel gradient). The
     clipped sum that the diagnostics' `clean_gradients` show is in the
     scaled space.
 """ + DP_ARGS_DOC + r"""        learning_rate, beta_1, beta_2, epsilon, amsgrad: Keras Adam's

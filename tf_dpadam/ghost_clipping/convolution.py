@@ -243,8 +243,9 @@ class ConvolutionBlock:
     def _to_matrix(self, w):
         return tf.reshape(ops.cast(w, "float32"), [self.d, self.p])
 
-    def _linear_block(self, inputs, grads, start=0, size=None):
-        """The `LinearBlock` of examples `start` to `start + size` (all)."""
+    def record_patches(self, inputs, grads, start=0, size=None):
+        """Each record's patches `[b, T, d]` and output gradients `[b, T, p]`
+        (rows grouped) for examples `start` to `start + size` (all)."""
         rows = self.group_size
         a_list, g_list = [], []
         for (x, padding), g in zip(inputs, grads):
@@ -255,33 +256,41 @@ class ConvolutionBlock:
                                      self.rates, padding)
             t = patches.shape[1] * patches.shape[2] if None not in (
                 patches.shape[1], patches.shape[2]) else -1
-            a_list.append(tf.reshape(patches, [tf.shape(x)[0], t, self.d]))
-            g_list.append(tf.reshape(g, [tf.shape(x)[0], t, self.p]))
+            a = tf.reshape(patches, [tf.shape(x)[0], t, self.d])
+            g = tf.reshape(g, [tf.shape(x)[0], t, self.p])
+            a_list.append(blocks.group_rows(a, rows))
+            g_list.append(blocks.group_rows(g, rows))
+        return a_list, g_list
+
+    def _linear_block(self, inputs, grads, start=0, size=None):
+        """The `LinearBlock` of examples `start` to `start + size` (all)."""
+        a_list, g_list = self.record_patches(inputs, grads, start, size)
         a = ops.concatenate(a_list, axis=1) if len(a_list) > 1 else a_list[0]
         g = ops.concatenate(g_list, axis=1) if len(g_list) > 1 else g_list[0]
-        return blocks.LinearBlock(blocks.group_rows(a, rows),
-                                  blocks.group_rows(g, rows),
-                                  self._to_matrix, None)
+        return blocks.LinearBlock(a, g, self._to_matrix, None)
 
     def squared_norms(self, reg_grad=None, scale_sq=None):
+        return self.map_chunks(
+            lambda inputs, grads, start, size: self._linear_block(
+                inputs, grads, start, size).squared_norms(reg_grad, scale_sq))
+
+    def map_chunks(self, norms_of):
+        """`[B]`: `norms_of(inputs, grads, start, size)` (`[size]`, examples
+        `start` to `start + size` of these inputs and output gradients;
+        `size` None: all of them) over chunks of `self.chunk` examples."""
         rows = self.group_size
         static = self.grads[0].shape[0]
         if static is not None:
             static //= rows  # examples
         chunk = self.chunk
         if static is not None and static <= chunk:
-            block = self._linear_block(self.inputs, self.grads)
-            return block.squared_norms(reg_grad, scale_sq)
+            return norms_of(self.inputs, self.grads, 0, None)
 
-        def one_chunk(start):
-            block = self._linear_block(inputs, grads, start, chunk)
-            return block.squared_norms(reg_grad, scale_sq)
-
-        def chunk_norms(starts):
+        def chunk_norms(starts, inputs, grads):
             # One chunk at a time: parallel iterations would hold their
             # patches together again.
             return tf.map_fn(
-                one_chunk, starts,
+                lambda start: norms_of(inputs, grads, start, chunk), starts,
                 fn_output_signature=tf.TensorSpec([chunk], tf.float32),
                 parallel_iterations=1,
             )
@@ -290,10 +299,9 @@ class ConvolutionBlock:
             # Chunks of a static size; the last one ends at the batch's end,
             # overlapping its predecessor (the overlap's norms are computed
             # twice and dropped). No padded copy of the batch is made.
-            inputs, grads = self.inputs, self.grads
             count = -(-static // chunk)
             starts = tf.minimum(tf.range(count) * chunk, static - chunk)
-            norms = chunk_norms(starts)
+            norms = chunk_norms(starts, self.inputs, self.grads)
             return tf.concat([tf.reshape(norms[:-1], [-1]),
                               norms[-1, count * chunk - static:]], axis=0)
         # A batch size known only at run time: zero examples fill the last
@@ -303,7 +311,7 @@ class ConvolutionBlock:
                  [0, 0]]
         inputs = [(tf.pad(x, extra), padding) for x, padding in self.inputs]
         grads = [tf.pad(g, extra) for g in self.grads]
-        norms = chunk_norms(tf.range(count) * chunk)
+        norms = chunk_norms(tf.range(count) * chunk, inputs, grads)
         return tf.reshape(norms, [-1])[:self.batch_size]
 
     def weighted_sum(self, factors):

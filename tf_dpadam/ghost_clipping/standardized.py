@@ -35,6 +35,12 @@ where k_P . v = sum_Q k_P . u~_Q: the pass Q's scaled output gradients
 against its input convolved with k_P (alpha_P when Q = P), and
 |q|^2 = sum_{P,Q} alpha_P alpha_Q (k_P . k_Q) / n^2 (k_P . k_P = n r_P).
 One pass gives the formula above.
+
+With a coordinate-wise scale S (scale-then-privatize) the removed
+components no longer subtract, as they are a projection's and S is not:
+the block then forms each example's sum_P J_P u_P, [n, p] per example from
+its patches, a chunk of examples at a time (as the convolution's own block
+does for a kernel used at many positions), and takes |S sum_P J_P u_P|^2.
 """
 
 import tensorflow as tf
@@ -98,10 +104,7 @@ class StandardizedKernelBlock:
 
     def squared_norms(self, reg_grad=None, scale_sq=None):
         if scale_sq is not None:
-            # The removed components are a projection's: with a scale they
-            # no longer subtract.
-            raise blocks.ScaledNormUnsupportedError(
-                "WSConv2D's standardized kernel has no scaled ghost norm")
+            return self._scaled_norms(reg_grad, scale_sq)
         n, points, dots = self.n, self.points, self.dots
         sq = self.inner.squared_norms()
         alphas = [dots[i][i] for i in range(len(points))]
@@ -121,6 +124,37 @@ class StandardizedKernelBlock:
                 for p in points]), axis=1)
         # Float rounding could make a gradient along 1 and k alone negative.
         return ops.maximum(sq, 0.0)
+
+    def _scaled_norms(self, reg_grad, scale_sq):
+        """|S (sum_P J_P u_P)|^2 (+ 2 (sum_P J_P u_P) . reg_grad), from each
+        example's materialized sum_P J_P u_P: with a scale the removed
+        components no longer subtract (they are a projection's). A chunk of
+        examples at a time, as the convolution's own block."""
+        d, p = self.inner.d, self.inner.p
+        scale_sq = tf.reshape(ops.cast(scale_sq, "float32"), [d, p])
+        reg = (None if reg_grad is None else
+               tf.reshape(ops.cast(reg_grad, "float32"), [d, p]))
+        counts = [len(point.inner.inputs) for point in self.points]
+
+        def norms_of(inputs, grads, start, size):
+            a_list, g_list = self.inner.record_patches(inputs, grads, start,
+                                                       size)
+            grad, first = 0.0, 0
+            for point, count in zip(self.points, counts):
+                # u~_P: the pass's records' kernel gradients, [b, d, p].
+                u = tf.add_n([tf.einsum("btd,btp->bdp", a, g) for a, g in
+                              zip(a_list[first:first + count],
+                                  g_list[first:first + count])])
+                first += count
+                alpha = ops.sum(point.kernel * u, axis=1)  # [b, p]
+                grad += (u - ops.mean(u, axis=1, keepdims=True)
+                         - point.kernel * alpha[:, None] / self.n)
+            sq = tf.einsum("bdp,dp->b", ops.square(grad), scale_sq)
+            if reg is not None:
+                sq = sq + 2.0 * tf.einsum("bdp,dp->b", grad, reg)
+            return sq
+
+        return self.inner.map_chunks(norms_of)
 
     def weighted_sum(self, factors):
         return tf.add_n([self._jacobian_times(p, p.inner.weighted_sum(factors))
