@@ -41,6 +41,9 @@ flags.DEFINE_list("epsilons", ["inf", "7", "1"], "The targets' epsilons (inf:"
 flags.DEFINE_float("delta", 1e-5, "delta of the DP models.")
 flags.DEFINE_integer("max_test_examples", 2000, "Test images for accuracy.",
                      lower_bound=1)
+flags.DEFINE_enum("queries", "none", ["none", "flip", "flip_shift"],
+                  "LiRA's views of each image: the image alone, also"
+                  " mirrored, or also shifted by 2 pixels (10 views).")
 flags.DEFINE_string("plot", None, "Where to save the ROC curves (PNG).")
 flags.DEFINE_integer("seed", 0, "Seed of the data split, masks and models.")
 FLAGS = flags.FLAGS
@@ -121,10 +124,14 @@ def attack(epsilon, pool, test, n):
     accuracy = np.mean(np.argmax(target.predict(x_test, verbose=0), -1)
                        == y_test)
     loss = membership.model_scores(target, x, y, score="loss")
+    queries = None if FLAGS.queries == "none" else membership.image_queries(
+        flip=True, max_shift=2 if FLAGS.queries == "flip_shift" else 0)
     shadows = membership.train_shadows(
-        train_fn, x, y, num_shadows=FLAGS.num_shadows, seed=FLAGS.seed + 1)
-    lira = membership.lira_offline(membership.model_scores(target, x, y),
-                                   shadows, global_variance=True)
+        train_fn, x, y, num_shadows=FLAGS.num_shadows, seed=FLAGS.seed + 1,
+        queries=queries)
+    lira = membership.lira_offline(
+        membership.model_scores(target, x, y, queries=queries), shadows,
+        global_variance=True)
     results = [membership.evaluate_attack(s[:n], s[n:], seed=FLAGS.seed)
                for s in (loss, lira)]
     row = [row_name(epsilon), "-" if sigma is None else f"{sigma:.2f}",

@@ -89,6 +89,19 @@ def test_model_scores_batches_the_predictions():
                                -scores.cross_entropy(logits, y), atol=1e-4)
     with pytest.raises(ValueError, match="batch_size"):
         scores.model_scores(dense_model(weights, bias), x, y, batch_size=0)
+    # Queries: one column per view of x.
+    views = [lambda v: v, lambda v: -v, lambda v: v[:, ::-1]]
+    got = scores.model_scores(dense_model(weights, bias), x, y,
+                              batch_size=4, queries=views)
+    assert got.shape == (10, 3)
+    for column, view in zip(got.T, views):
+        logits = view(x).astype(np.float64) @ weights + bias
+        np.testing.assert_allclose(
+            column, scores.logit_confidence(logits, y), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="queries"):
+        scores.model_scores(dense_model(weights, bias), x, y, queries=[])
+    with pytest.raises(ValueError, match="queries"):
+        scores.model_scores(dense_model(weights, bias), x, y, queries=[1])
 
 
 def memorizer(x, y, steps=300):

@@ -15,6 +15,10 @@ package measures a trained model. Given the model, its training examples
   user's own `train_fn(x, y) -> model` on random halves of a pool
   (`train_shadows`), offline (out-models only, the cheaper default) or
   online (`lira_offline`, `lira_online`);
+* `queries`: augmented queries, each example scored under several views
+  (`image_queries`: flips and shifts), which LiRA fits and tests per view
+  and averages (`model_scores`, `train_shadows` and the LiRA functions
+  take them);
 * `plot`: the ROC on log-log axes, as a PNG (`save_roc_plot`; matplotlib).
 
 An attack's success is a lower bound on what the model leaks: a weak attack
@@ -34,6 +38,9 @@ from tf_dpadam.membership.lira import lira_online
 from tf_dpadam.membership.lira import ShadowScores
 from tf_dpadam.membership.lira import train_shadows
 from tf_dpadam.membership.plot import save_roc_plot
+from tf_dpadam.membership.queries import horizontal_flip
+from tf_dpadam.membership.queries import image_queries
+from tf_dpadam.membership.queries import shift
 from tf_dpadam.membership.roc import auc
 from tf_dpadam.membership.roc import AttackResult
 from tf_dpadam.membership.roc import evaluate_attack
@@ -54,6 +61,8 @@ __all__ = [
     "evaluate_model",
     "fit_gaussians",
     "gaussian_log_density",
+    "horizontal_flip",
+    "image_queries",
     "inclusion_masks",
     "lira_offline",
     "lira_online",
@@ -61,6 +70,7 @@ __all__ = [
     "roc_curve",
     "save_roc_plot",
     "scores_from_logits",
+    "shift",
     "tpr_at_fpr",
     "train_shadows",
 ]

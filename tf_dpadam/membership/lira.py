@@ -24,6 +24,13 @@ uses one pooled variance for all examples (the mean over examples of the
 per-example variances about each example's own mean), as the paper
 recommends below about 64 shadows.
 
+With augmented queries (`queries`: each example scored under Q views, as
+flips and shifts of an image), the scores are (n, Q) per model: a Gaussian
+per example and query (a pooled variance per query with
+`global_variance`), and the attack's score is the mean over the queries of
+each query's test (the log likelihood ratio, or z), which for independent
+queries ranks as their sum, the diagonal-covariance likelihood ratio.
+
 The statistics are NumPy functions; `train_shadows` is the loop around the
 user's own training function `train_fn(x, y) -> model`.
 """
@@ -43,7 +50,8 @@ class ShadowScores(NamedTuple):
     """Scores of a pool's examples under k shadow models (`train_shadows`).
 
     Attributes:
-        scores: (k, n) float64, the score of example j under shadow i.
+        scores: (k, n) float64, the score of example j under shadow i, or
+            (k, n, Q) with Q queries per example.
         in_mask: (k, n) bool, whether shadow i trained on example j.
     """
 
@@ -85,13 +93,15 @@ def gaussian_log_density(x, mean, std):
 def _check_shadows(target_scores, shadows):
     scores = np.asarray(shadows.scores, np.float64)
     in_mask = np.asarray(shadows.in_mask, bool)
-    validation.check(scores.ndim == 2 and in_mask.shape == scores.shape,
-                     "shadows", f"<scores {scores.shape}, in_mask"
-                     f" {in_mask.shape}>", "to hold (k, n) scores and mask")
+    validation.check(scores.ndim in (2, 3) and in_mask.ndim == 2
+                     and in_mask.shape == scores.shape[:2], "shadows",
+                     f"<scores {scores.shape}, in_mask {in_mask.shape}>",
+                     "to hold (k, n) or (k, n, Q) scores and a (k, n) mask")
     target = np.asarray(target_scores, np.float64)
     validation.check(target.shape == scores.shape[1:], "target_scores",
                      f"<array of shape {target.shape}>",
-                     f"to have shape ({scores.shape[1]},), one per example")
+                     f"to have shape {scores.shape[1:]}, as each shadow's"
+                     " scores (one per example, and per query)")
     return target, scores, in_mask
 
 
@@ -99,37 +109,54 @@ def fit_gaussians(scores, mask, *, global_variance=False):
     """Per-example mean and standard deviation of the masked scores.
 
     Args:
-        scores: (k, n) scores.
+        scores: (k, n) scores, or (k, n, Q) with Q queries per example (a
+            Gaussian per example and query).
         mask: (k, n) bool, which of them to use (e.g. `in_mask` or its
             negation); every example needs 1 score with `global_variance`,
             else 2.
         global_variance: whether all examples share the pooled variance
-            mean_j Var_j (each about its own mean) instead of their own.
+            mean_j Var_j (each about its own mean) instead of their own
+            (with queries, one pooled variance per query).
 
     Returns:
-        `(mean, std)`, two (n,) arrays; std is at least `MIN_STD`.
+        `(mean, std)`, two arrays of shape (n,) or (n, Q); std is at least
+        `MIN_STD`.
     """
     scores, mask = np.asarray(scores, np.float64), np.asarray(mask, bool)
+    validation.check(mask.ndim == 2 and scores.ndim in (2, 3)
+                     and scores.shape[:2] == mask.shape, "scores",
+                     f"<array of shape {scores.shape}>",
+                     f"to be (k, n) or (k, n, Q) for a {mask.shape} mask")
     counts = mask.sum(axis=0)
     need = 1 if global_variance else 2
     validation.check(counts.min() >= need, "mask", f"<{counts.min()} scores"
                      " for some example>", f"to select >= {need} score(s) of"
                      " every example (more shadows, or global_variance)")
+    extra = (1,) * (scores.ndim - 2)
+    mask = mask.reshape(mask.shape + extra)
+    counts = counts.reshape(counts.shape + extra)
     mean = np.sum(np.where(mask, scores, 0.0), axis=0) / counts
     variance = np.sum(np.where(mask, (scores - mean) ** 2, 0.0), axis=0)
     if global_variance:
-        variance = np.full_like(mean, variance.sum() / counts.sum())
+        variance = np.broadcast_to(variance.sum(axis=0) / counts.sum(),
+                                   mean.shape)
     else:
         variance = variance / counts
     return mean, np.maximum(np.sqrt(variance), MIN_STD)
+
+
+def _over_queries(tests):
+    """(n,) from each example's tests: the mean over queries if (n, Q)."""
+    return tests.mean(axis=1) if tests.ndim == 2 else tests
 
 
 def lira_online(target_scores, shadows, *, global_variance=False):
     """Online LiRA: log N(x; mu_in, s_in) - log N(x; mu_out, s_out).
 
     Args:
-        target_scores: (n,) the target model's scores of the pool.
-        shadows: `ShadowScores` of the same pool.
+        target_scores: (n,) the target model's scores of the pool, or
+            (n, Q) with queries (then the mean of the Q ratios).
+        shadows: `ShadowScores` of the same pool (and queries).
         global_variance: pooled variances (see `fit_gaussians`).
 
     Returns:
@@ -140,30 +167,32 @@ def lira_online(target_scores, shadows, *, global_variance=False):
                                     global_variance=global_variance)
     mean_out, std_out = fit_gaussians(scores, ~in_mask,
                                       global_variance=global_variance)
-    return (gaussian_log_density(target, mean_in, std_in)
-            - gaussian_log_density(target, mean_out, std_out))
+    return _over_queries(gaussian_log_density(target, mean_in, std_in)
+                         - gaussian_log_density(target, mean_out, std_out))
 
 
 def lira_offline(target_scores, shadows, *, global_variance=False):
     """Offline LiRA: z = (x - mu_out) / s_out, from the out-models only.
 
     Args:
-        target_scores: (n,) the target model's scores of the pool.
+        target_scores: (n,) the target model's scores of the pool, or
+            (n, Q) with queries (then the mean of the Q z-scores).
         shadows: `ShadowScores` of the same pool (the in-scores are unused).
         global_variance: a pooled variance (see `fit_gaussians`).
 
     Returns:
-        (n,) z-scores; higher: "member". The one-sided p-value of "not a
-        member" is erfc(z / sqrt 2) / 2.
+        (n,) z-scores; higher: "member". Without queries the one-sided
+        p-value of "not a member" is erfc(z / sqrt 2) / 2.
     """
     target, scores, in_mask = _check_shadows(target_scores, shadows)
     mean_out, std_out = fit_gaussians(scores, ~in_mask,
                                       global_variance=global_variance)
-    return (target - mean_out) / std_out
+    return _over_queries((target - mean_out) / std_out)
 
 
 def train_shadows(train_fn, x, y, *, num_shadows, seed=0,
-                  score="logit_confidence", batch_size=512, in_mask=None):
+                  score="logit_confidence", batch_size=512, in_mask=None,
+                  queries=None):
     """Trains k shadow models on random halves of (x, y) and scores the pool.
 
     Shadow i trains on `x[in_mask[i]], y[in_mask[i]]` through
@@ -183,6 +212,8 @@ def train_shadows(train_fn, x, y, *, num_shadows, seed=0,
         score: "logit_confidence" (LiRA's) or "loss".
         batch_size: `predict` batch size.
         in_mask: (k, n) bool; default `inclusion_masks(k, n, seed)`.
+        queries: None, or Q views of each example (`queries`): the scores
+            are then (k, n, Q); score the target with the same queries.
 
     Returns:
         `ShadowScores`.
@@ -200,5 +231,6 @@ def train_shadows(train_fn, x, y, *, num_shadows, seed=0,
     for mask in in_mask:
         model = train_fn(x[mask], y[mask])
         rows.append(scores_lib.model_scores(model, x, y, score=score,
-                                            batch_size=batch_size))
+                                            batch_size=batch_size,
+                                            queries=queries))
     return ShadowScores(scores=np.stack(rows), in_mask=in_mask)

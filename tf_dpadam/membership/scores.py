@@ -21,6 +21,7 @@ The pure functions take NumPy arrays; `model_scores` runs a Keras model's
 import numpy as np
 
 from tf_dpadam import validation
+from tf_dpadam.membership import queries as queries_lib
 from tf_dpadam.membership import roc
 
 # The scores `model_scores` computes, by name.
@@ -113,7 +114,7 @@ def scores_from_logits(logits, labels, score="logit_confidence"):
 
 
 def model_scores(model, x, y, *, score="logit_confidence", batch_size=512,
-                 from_logits=True):
+                 from_logits=True, queries=None):
     """Membership scores of the examples (x, y) under a trained Keras model.
 
     Runs `model.predict(x, batch_size=batch_size)` (a `PrivateModel`
@@ -122,23 +123,33 @@ def model_scores(model, x, y, *, score="logit_confidence", batch_size=512,
     Args:
         model: a Keras classifier whose output is (n, num_classes) logits,
             or probabilities with `from_logits=False`.
-        x: the inputs (anything `predict` takes).
+        x: the inputs (anything `predict` takes; a NumPy array with
+            `queries`).
         y: (n,) integer labels.
         score: "logit_confidence" or "loss".
         batch_size: examples per `predict` batch.
         from_logits: whether the model outputs logits; if False its outputs
             are probabilities and their logs (floored at 1e-30) are used as
             logits, which loses precision where p_y rounds to 1.
+        queries: None, or a list of Q functions of a batch of inputs (views
+            of each example, e.g. `queries.image_queries()`): the scores
+            of `query(x)` for each.
 
     Returns:
-        (n,) float64 scores.
+        (n,) float64 scores, or (n, Q) with `queries`.
     """
     validation.check_count("batch_size", batch_size)
+    y = np.asarray(y).reshape(-1)
+    if queries is not None:
+        return np.stack([
+            model_scores(model, query(x), y, score=score,
+                         batch_size=batch_size, from_logits=from_logits)
+            for query in queries_lib.check_queries(queries)], axis=1)
     outputs = np.asarray(model.predict(x, batch_size=batch_size, verbose=0),
                          dtype=np.float64)
     if not from_logits:
         outputs = np.log(np.maximum(outputs, 1e-30))
-    return scores_from_logits(outputs, np.asarray(y).reshape(-1), score)
+    return scores_from_logits(outputs, y, score)
 
 
 def evaluate_model(model, members, nonmembers, *, score="logit_confidence",
