@@ -35,6 +35,10 @@ Configurations:
              norm, all 6 transformer blocks) except the pooler, which the
              head does not use; a Dense head on the [CLS] token; sequence
              length 128, batch 32.
+  wsconv:    the paper's CNN with weight-standardized convolutions and group
+             normalization (De et al. 2022), batch 256.
+  clip:      the CNN (batch 256) with per-layer clipping, adaptive
+             clipping (C toward the median norm) and both.
 
 For the DP variants that take the ghost path, the child also reports how
 each trainable variable's per-example blocks were computed
@@ -79,7 +83,10 @@ FLAGS = flags.FLAGS
 # model allows ("+vectorized": the vectorized path); "dpadam_disk"
 # (DPAdamDiSK) takes each example's gradient at shifted weights too: ghost
 # clipping with a second pass where the model allows, "+vectorized" the
-# vectorized path.
+# vectorized path. "+per_layer" clips each layer to C / sqrt(L)
+# (per_layer_clipping) and "+adaptive" moves C toward the median norm
+# (target_unclipped_quantile=0.5); the "clip" configuration measures them on
+# the CNN.
 _VARIANTS = {
     "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
             "dpadam_corrected+vectorized", "dpadam_stp",
@@ -91,6 +98,12 @@ _VARIANTS = {
     "lora": ["nonprivate", "dpadam_corrected", "dpadam_disk",
              "dpadam_disk+vectorized"],
     "full": ["nonprivate", "dpadam_corrected"],
+    "wsconv": ["nonprivate", "dpadam_corrected", "dpadam_stp",
+               "dpadam_stp+vectorized"],
+    "clip": ["nonprivate", "dpadam_corrected", "dpadam_corrected+per_layer",
+             "dpadam_corrected+adaptive",
+             "dpadam_corrected+per_layer+adaptive",
+             "dpadam_corrected+per_layer+vectorized"],
 }
 # LoRA rank and target layers of the "lora" configuration.
 _LORA_RANK = 8
@@ -138,6 +151,14 @@ def _cnn_setup(batch, steps):
     x = np.random.default_rng(0).random((batch, 32, 32, 3), "float32")
     y = np.random.default_rng(1).integers(0, 10, batch)
     return (lambda: models.make_cnn((32, 32, 3), 10)), x, y
+
+
+def _wsconv_setup(batch, steps):
+    from research import models
+
+    _, x, y = _cnn_setup(batch, steps)
+    return (lambda: models.make_cnn((32, 32, 3), 10,
+                                    normalization="group")), x, y
 
 
 def _text_setup(batch, steps):
@@ -251,7 +272,8 @@ def _child(spec):
     keras.mixed_precision.set_global_policy(FLAGS.dtype_policy)
     physical = 32 if config in _TEXT_SETUPS else 256
     accumulation = 8 if config == "cnn_accum" else 1
-    setup = _TEXT_SETUPS.get(config, _cnn_setup)
+    setup = _TEXT_SETUPS.get(
+        config, _wsconv_setup if config == "wsconv" else _cnn_setup)
     build, x, y = setup(physical, FLAGS.steps)
     model = build()
     unwrapped = model
@@ -271,6 +293,8 @@ def _child(spec):
             l2_norm_clip=1.0, noise_multiplier=1.0,
             batch_size=physical * accumulation,
             gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+            per_layer_clipping="+per_layer" in variant,
+            target_unclipped_quantile=0.5 if "+adaptive" in variant else None,
         )
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
@@ -427,7 +451,7 @@ def main(argv):
                 result = _run_child(spec)
                 results.append(result)
                 print(f"{result['config']:9s} jit={str(jit):5s}"
-                      f" {result['variant']:27s}"
+                      f" {result['variant']:37s}"
                       f" {result['median_step_seconds'] * 1000:9.1f} ms/step"
                       f" (CPU {result['cpu_seconds_per_step'] * 1000:.0f} ms,"
                       f" load {result['load_average']:.1f})"
@@ -437,14 +461,14 @@ def main(argv):
     rows = _ratios(results)
     print("\nDP-AdamCorrected / non-private Adam (same machine, same run,"
           f" dtype policy {FLAGS.dtype_policy}):")
-    print(f"{'config':10s} {'variant':27s} {'clipping':11s} {'jit':5s}"
+    print(f"{'config':10s} {'variant':37s} {'clipping':11s} {'jit':5s}"
           f" {'time x':>7s} {'CPU x':>7s}"
           f" {'RSS x':>7s} {'tensors x':>10s}")
     for row in rows:
         note = " (per physical batch of 256; memory vs non-private b=256)" \
             if row["config"] == "cnn_accum" else ""
         tensors = row["tensor_memory_ratio"]
-        print(f"{row['config']:10s} {row['variant']:27s}"
+        print(f"{row['config']:10s} {row['variant']:37s}"
               f" {row['clipping']:11s}"
               f" {str(row['jit']):5s}"
               f" {row['time_ratio']:7.2f} {row['cpu_time_ratio']:7.2f}"
