@@ -52,6 +52,14 @@ from tf_dpadam.ghost_clipping import convolution
 from tf_dpadam.ghost_clipping import rule
 
 
+def _project(kernel, m):
+    """s J m: `m` (`[..., n, p]`) with each column made orthogonal to the
+    ones and to `kernel`'s column (k, `[n, p]`; r less of k)."""
+    n = kernel.shape[0]
+    m = m - ops.mean(m, axis=-2, keepdims=True)
+    return m - kernel * ops.sum(kernel * m, axis=-2, keepdims=True) / n
+
+
 class KernelPoint:
     """The standardized kernel where one pass read it: `kernel` is k as
     `[n, p]`, `ratio` is r (`[p]`); `inner` is the `ConvolutionBlock` of
@@ -96,11 +104,8 @@ class StandardizedKernelBlock:
     def _jacobian_times(self, point, w):
         """s J w at `point`: `w` (the kernel's shape) with each column made
         orthogonal to the ones and to k (r less of k)."""
-        kernel = point.kernel
-        m = tf.reshape(ops.cast(w, "float32"), kernel.shape)
-        m = m - ops.mean(m, axis=0, keepdims=True)
-        m = m - kernel * ops.sum(kernel * m, axis=0) / self.n
-        return tf.reshape(m, self.shape)
+        m = tf.reshape(ops.cast(w, "float32"), point.kernel.shape)
+        return tf.reshape(_project(point.kernel, m), self.shape)
 
     def squared_norms(self, reg_grad=None, scale_sq=None):
         if scale_sq is not None:
@@ -146,9 +151,7 @@ class StandardizedKernelBlock:
                               zip(a_list[first:first + count],
                                   g_list[first:first + count])])
                 first += count
-                alpha = ops.sum(point.kernel * u, axis=1)  # [b, p]
-                grad += (u - ops.mean(u, axis=1, keepdims=True)
-                         - point.kernel * alpha[:, None] / self.n)
+                grad += _project(point.kernel, u)
             sq = tf.einsum("bdp,dp->b", ops.square(grad), scale_sq)
             if reg is not None:
                 sq = sq + 2.0 * tf.einsum("bdp,dp->b", grad, reg)
