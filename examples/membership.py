@@ -11,6 +11,8 @@ global loss threshold and with offline LiRA (Carlini et al. 2022): k shadow
 models per setting, each trained the same way on a random half of the pool.
 Prints one row per model (test accuracy, AUC, TPR at FPR 0.1% and 1%, with
 95% bootstrap intervals) and saves the LiRA ROC curves on log-log axes.
+--augment trains every model on random mirrors and shifts; --queries
+gives LiRA those views of each image.
 """
 
 import gzip
@@ -44,6 +46,8 @@ flags.DEFINE_integer("max_test_examples", 2000, "Test images for accuracy.",
 flags.DEFINE_enum("queries", "none", ["none", "flip", "flip_shift"],
                   "LiRA's views of each image: the image alone, also"
                   " mirrored, or also shifted by 2 pixels (10 views).")
+flags.DEFINE_bool("augment", False, "Train every model on random mirrors and"
+                  " shifts of up to 2 pixels (reflected border).")
 flags.DEFINE_string("plot", None, "Where to save the ROC curves (PNG).")
 flags.DEFINE_integer("seed", 0, "Seed of the data split, masks and models.")
 FLAGS = flags.FLAGS
@@ -64,10 +68,16 @@ def load(data_dir, split):
     return x[..., None].astype("float32") / 255.0, y.astype("int32")
 
 
-def make_cnn():
-    """A small CNN: two 3x3 conv + max-pool blocks, a dense layer, logits."""
+def make_cnn(augment=False):
+    """A small CNN: two 3x3 conv + max-pool blocks, a dense layer, logits;
+    with `augment`, random mirrors and shifts in training (not inference)."""
+    shift = 2 / 28
+    augmentation = [keras.layers.RandomFlip("horizontal"),
+                    keras.layers.RandomTranslation(
+                        shift, shift, fill_mode="reflect")] if augment else []
     return keras.Sequential([
         keras.Input((28, 28, 1)),
+        *augmentation,
         keras.layers.Conv2D(16, 3, activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Conv2D(32, 3, activation="relu"),
@@ -77,7 +87,7 @@ def make_cnn():
         keras.layers.Dense(10)])
 
 
-def make_train_fn(noise_multiplier, *, epochs, batch_size, seed):
+def make_train_fn(noise_multiplier, *, epochs, batch_size, seed, augment):
     """`train_fn(x, y) -> model`: Adam if `noise_multiplier` is None, else
     DP-AdamBC with C = 1 and Poisson batches of expected size B."""
     calls = [0]
@@ -87,7 +97,7 @@ def make_train_fn(noise_multiplier, *, epochs, batch_size, seed):
         keras.backend.clear_session()
         keras.utils.set_random_seed(seed + calls[0])
         calls[0] += 1
-        model = make_cnn()
+        model = make_cnn(augment)
         if noise_multiplier is None:
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
             model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0)
@@ -119,7 +129,8 @@ def attack(epsilon, pool, test, n):
             target_epsilon=epsilon, num_examples=n, steps=steps,
             batch_size=FLAGS.batch_size, delta=FLAGS.delta)
     train_fn = make_train_fn(sigma, epochs=FLAGS.epochs,
-                             batch_size=FLAGS.batch_size, seed=FLAGS.seed)
+                             batch_size=FLAGS.batch_size, seed=FLAGS.seed,
+                             augment=FLAGS.augment)
     target = train_fn(x[:n], y[:n])  # Members: the first half of the pool.
     accuracy = np.mean(np.argmax(target.predict(x_test, verbose=0), -1)
                        == y_test)
@@ -165,7 +176,8 @@ def main(argv):
         rows.append(row)
         print(f"done: {row[0]}", flush=True)
     print(f"{n} members, {n} non-members, {FLAGS.num_shadows} shadows per"
-          f" setting, {FLAGS.epochs} epochs, B = {FLAGS.batch_size};"
+          f" setting, {FLAGS.epochs} epochs, B = {FLAGS.batch_size},"
+          f" augment={FLAGS.augment}, queries={FLAGS.queries};"
           " TPR with 95% bootstrap intervals")
     for line in (header, ["---"] * len(header), *rows):
         print("| " + " | ".join(line) + " |")

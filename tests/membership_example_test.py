@@ -1,8 +1,10 @@
 """A capped run of examples/membership.py (slow: it loads TensorFlow and data).
 
 One DP setting (the non-private one runs the same code with Keras' Adam),
-two shadows, one epoch, LiRA with 10 views of each image. The script's own static checks (at most 200 lines,
-public imports only) are in tests/examples_test.py. Here: the table has a
+two shadows, one epoch, models trained with random mirrors and shifts
+(--augment), LiRA with 10 views of each image. The script's own static
+checks (at most 200 lines, public imports only) are in
+tests/examples_test.py. Here: the table has a
 row per model, the DP model's printed sigma meets its epsilon (an
 independent dp-accounting PLD computation: epsilon(sigma) <= 7 <
 epsilon(sigma / 1.01), up to the printed rounding), and the ROC plot is a
@@ -35,7 +37,7 @@ def test_a_capped_run():
             [sys.executable, "-m", "examples.membership", "--num_members=128",
              "--num_shadows=2", "--epochs=1", "--batch_size=32",
              "--epsilons=7", "--max_test_examples=128", f"--plot={png}",
-             "--queries=flip_shift"],
+             "--queries=flip_shift", "--augment"],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
             capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
