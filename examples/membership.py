@@ -51,6 +51,7 @@ flags.DEFINE_bool("augment", False, "Train every model on random mirrors and"
 flags.DEFINE_string("plot", None, "Where to save the ROC curves (PNG).")
 flags.DEFINE_integer("seed", 0, "Seed of the data split, masks and models.")
 FLAGS = flags.FLAGS
+MAX_SHIFT = 2  # Pixels: --augment's shifts and --queries' views agree.
 
 
 def read_idx(path):
@@ -71,7 +72,7 @@ def load(data_dir, split):
 def make_cnn(augment=False):
     """A small CNN: two 3x3 conv + max-pool blocks, a dense layer, logits;
     with `augment`, random mirrors and shifts in training (not inference)."""
-    shift = 2 / 28
+    shift = MAX_SHIFT / 28
     augmentation = [keras.layers.RandomFlip("horizontal"),
                     keras.layers.RandomTranslation(
                         shift, shift, fill_mode="reflect")] if augment else []
@@ -135,8 +136,9 @@ def attack(epsilon, pool, test, n):
     accuracy = np.mean(np.argmax(target.predict(x_test, verbose=0), -1)
                        == y_test)
     loss = membership.model_scores(target, x, y, score="loss")
+    max_shift = MAX_SHIFT if FLAGS.queries == "flip_shift" else 0
     queries = None if FLAGS.queries == "none" else membership.image_queries(
-        flip=True, max_shift=2 if FLAGS.queries == "flip_shift" else 0)
+        flip=True, max_shift=max_shift)
     shadows = membership.train_shadows(
         train_fn, x, y, num_shadows=FLAGS.num_shadows, seed=FLAGS.seed + 1,
         queries=queries)

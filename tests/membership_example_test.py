@@ -4,11 +4,10 @@ One DP setting (the non-private one runs the same code with Keras' Adam),
 two shadows, one epoch, models trained with random mirrors and shifts
 (--augment), LiRA with 10 views of each image. The script's own static
 checks (at most 200 lines, public imports only) are in
-tests/examples_test.py. Here: the table has a
-row per model, the DP model's printed sigma meets its epsilon (an
-independent dp-accounting PLD computation: epsilon(sigma) <= 7 <
-epsilon(sigma / 1.01), up to the printed rounding), and the ROC plot is a
-PNG.
+tests/examples_test.py. Here: the table has a row per model, the DP model's
+printed sigma meets its epsilon (an independent dp-accounting PLD
+computation: epsilon(sigma) <= 7 < epsilon(sigma / 1.01), up to the printed
+rounding), and the ROC plot is a PNG.
 """
 
 import os
