@@ -27,6 +27,9 @@ OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected", "dpadam_stp",
               "dpadam_disk")
 COLORS = dict(zip(OPTIMIZERS, ("tab:gray", "tab:blue", "tab:orange",
                                 "tab:green", "tab:purple")))
+# Means closer than this (a fraction of the test set, far below one
+# example) are the same score.
+TIE = 1e-6
 PAGE = "OPTIMIZERS_COMPARISON.md"
 FIGURE = "OPTIMIZERS_COMPARISON.png"
 
@@ -130,12 +133,18 @@ def _verdict(rows, key="mean", spread="std"):
         return "fewer than two optimizers run"
     best, second, gap, error = found
     label = common.OPTIMIZER_LABELS
-    last = min((r[key], n) for n, r in rows.items()
-               if r.get(key) is not None)[1]
+    lowest = min(r[key] for r in rows.values() if r.get(key) is not None)
+    # Every optimizer at the lowest mean: two that scored the same examples
+    # (one summary in float32, one in float64) tie rather than one of them
+    # being named last by a rounding error.
+    last = [n for n in OPTIMIZERS if n in rows and rows[n].get(key) is not None
+            and rows[n][key] - lowest < TIE]
+    tied = " (tied)" if len(last) > 1 else ""
     clear = "" if gap > 2 * error else " (within 2 s.e.)"
     return (f"**{label[best]}**, by {100 * gap:+.2f} ± {100 * error:.2f}"
-            f" over {label[second]}{clear}; last: {label[last]}"
-            f" ({100 * (rows[last][key] - rows[best][key]):+.2f})")
+            f" over {label[second]}{clear}; last:"
+            f" {' and '.join(label[n] for n in last)}{tied}"
+            f" ({100 * (lowest - rows[best][key]):+.2f})")
 
 
 def render(regimes, results_dir):

@@ -78,6 +78,14 @@ class OptimizerComparisonTest(absltest.TestCase):
         self.assertIn("| missing | not run | not run | not run | not run |"
                       " not run | fewer than two optimizers run |", page)
         self.assertNotIn("99.00", page)  # Not one of the five.
+        # Two optimizers at the lowest mean (one float32, one float64) are
+        # both last.
+        tied = oc._verdict({"dpsgd": _row(0.7947247823, 0.01),
+                            "dpadam": _row(0.81, 0.01),
+                            "dpadam_stp": _row(np.float32(0.7947247823), 0.01),
+                            "dpadam_disk": _row(0.7947347, 0.01)})
+        self.assertTrue(tied.endswith(
+            "; last: DP-SGD and DP-Adam STP (tied) (-1.53)"), tied)
         # The worst class, where measured: DP-Adam's is higher.
         worst = page[page.index("## The worst class"):]
         self.assertIn("| cell a | not run | 40.00 ± 5.00 (3) | not run |"
