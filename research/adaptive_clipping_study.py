@@ -99,6 +99,12 @@ def read(path):
         return json.load(f)
 
 
+def quantile_of(record):
+    """gamma of an adaptive run (records written before it was kept: 0.5,
+    the flag's default then)."""
+    return record.get("target_unclipped_quantile", 0.5)
+
+
 def report(results):
     """The Markdown page: mean +- std accuracy of each setting."""
     rows = []
@@ -122,6 +128,8 @@ def plot(results, path):
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+    gammas = ", ".join(f"{g:g}" for g in sorted(
+        {quantile_of(r) for r in results if r["adaptive"]}))
     figure, axes = pyplot.subplots(figsize=(6, 3.5))
     for r in results:
         if r["adaptive"] and r["clips"]:
@@ -130,7 +138,8 @@ def plot(results, path):
                       f" seed {r['seed']}")
     axes.axhline(1.0, color="black", linestyle=":", label="tuned fixed C")
     axes.set(yscale="log", xlabel="step", ylabel="C",
-             title="Adaptive clipping (gamma = 0.5), paper CNN, Fashion-MNIST")
+             title=f"Adaptive clipping (gamma = {gammas}), paper CNN,"
+                   " Fashion-MNIST")
     axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -144,6 +153,15 @@ def main(argv):
             f.write(report(results) + "\n")
         plot(results, os.path.splitext(FLAGS.report)[0] + ".png")
         return
+    others = sorted({quantile_of(r) for r in results if r["adaptive"]}
+                    - {FLAGS.target_unclipped_quantile})
+    if others:
+        # A finished run at another gamma would be read as this one's.
+        raise ValueError(
+            f"--output={FLAGS.output} holds adaptive runs at"
+            f" --target_unclipped_quantile={others[0]:g}, not"
+            f" {FLAGS.target_unclipped_quantile:g}: give each gamma its own"
+            " --output")
     train, test = datasets.load_image_dataset("fashion_mnist", FLAGS.data_dir)
     plan = [(float(c), True) for c in FLAGS.initial_clips]
     if FLAGS.fixed_clip:

@@ -52,6 +52,26 @@ class ReportTest(absltest.TestCase):
         self.assertGreater(os.path.getsize(os.path.join(folder, "page.png")),
                            1000)
 
+    def test_a_file_of_another_gamma_is_refused(self):
+        folder = tempfile.mkdtemp()
+        output = os.path.join(folder, "runs.json")
+        with open(output, "w") as f:
+            json.dump([dict(result(0, 0.01, True, 0.8),
+                            target_unclipped_quantile=0.9)], f)
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        run = subprocess.run(
+            [sys.executable, "-m", "research.adaptive_clipping_study",
+             f"--output={output}", "--seeds=0", "--initial_clips=0.01",
+             "--fixed_clip=0", "--target_unclipped_quantile=0.5",
+             "--data_dir=/nonexistent"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+            check=False)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("ValueError: --output=", run.stderr)
+        self.assertIn("--target_unclipped_quantile=0.9, not 0.5",
+                      run.stderr)
+        self.assertEqual(study.quantile_of(result(0, 0.01, True, 0.8)), 0.5)
+
 
 if __name__ == "__main__":
     absltest.main()
