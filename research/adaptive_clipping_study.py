@@ -105,6 +105,11 @@ def quantile_of(record):
     return record.get("target_unclipped_quantile", 0.5)
 
 
+def quantiles(results):
+    """The gammas of the adaptive runs in `results`, sorted."""
+    return sorted({quantile_of(r) for r in results if r["adaptive"]})
+
+
 def report(results):
     """The Markdown page: mean +- std accuracy of each setting."""
     rows = []
@@ -128,8 +133,7 @@ def plot(results, path):
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-    gammas = ", ".join(f"{g:g}" for g in sorted(
-        {quantile_of(r) for r in results if r["adaptive"]}))
+    gammas = ", ".join(f"{g:g}" for g in quantiles(results))
     figure, axes = pyplot.subplots(figsize=(6, 3.5))
     for r in results:
         if r["adaptive"] and r["clips"]:
@@ -153,8 +157,8 @@ def main(argv):
             f.write(report(results) + "\n")
         plot(results, os.path.splitext(FLAGS.report)[0] + ".png")
         return
-    others = sorted({quantile_of(r) for r in results if r["adaptive"]}
-                    - {FLAGS.target_unclipped_quantile})
+    others = [g for g in quantiles(results)
+              if g != FLAGS.target_unclipped_quantile]
     if others:
         # A finished run at another gamma would be read as this one's.
         raise ValueError(
