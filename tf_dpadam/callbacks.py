@@ -1,19 +1,16 @@
 """A Keras callback that reports, and can cap, the privacy spent in training.
 
-`PrivacyBudget` reads the noise multiplier sigma from the model's DP
-optimizer, the steps taken from the optimizer's `iterations`, and how the
-batches were drawn from the private model's `sampling_plan` (recorded by its
-`fit`, `tf_dpadam.private_fit`), and accounts them with that plan
-(`tf_dpadam.accounting.plans`): T Poisson-subsampled Gaussian steps at
-q = B / N for tf_dpadam's Poisson batches, and no amplification by
-subsampling for anything else.
+`PrivacyBudget` reads one thing: the private model's privacy ledger
+(`model.privacy_ledger`, `tf_dpadam.accounting.ledger`), which the model's
+train step writes and every save and checkpoint carries. Every epsilon it
+logs is the composition of that ledger, so it never decreases on one model,
+whatever was recompiled, refit, saved, loaded or restored in between.
 """
 
 import dataclasses
 import math
 
 import keras
-from keras import ops
 
 from tf_dpadam import validation
 from tf_dpadam.accounting import plans
@@ -22,31 +19,29 @@ from tf_dpadam.accounting import plans
 class PrivacyBudget(keras.callbacks.Callback):
     """Logs epsilon every epoch and optionally stops training at a budget.
 
-    The accounting follows how the batches were drawn, as the private
-    model's `fit` records it (`model.sampling_plan`):
+    The epsilon is that of the private model's privacy ledger
+    (`model.privacy_ledger`): every logical DP step the model ever took,
+    counted by its train step, each with the mechanism it ran under, composed
+    by dp-accounting (`tf_dpadam.accounting.ledger`). A mechanism is:
 
     * tf_dpadam's Poisson batches (the default of `fit` on in-memory data,
       `tf_dpadam.data.poisson_batches`, `poisson_batches_from_source`,
-      `sharding.sharded_poisson_batches`): T steps of Poisson sampling at
-      rate q = B / N with Gaussian noise of multiplier sigma
-      (`tf_dpadam.accounting.epsilon_after_steps`), B the optimizer's
-      `batch_size` and N the examples the pipeline samples from;
-    * anything else (`fit(..., sampling="shuffled")`, a `tf.data.Dataset`
-      of your own, a `PyDataset`, a generator): no amplification by
-      subsampling; each pass over the data is one Gaussian mechanism per
-      example, composed over the passes begun
-      (`tf_dpadam.accounting.passes`), or every step one if the passes are
-      unknown (an infinite dataset, a generator).
+      `sharding.sharded_poisson_batches`): Poisson sampling at q = B / N with
+      Gaussian noise of multiplier sigma (amplification by subsampling);
+    * `fit(..., sampling="shuffled")` on in-memory data: fixed batches, each
+      pass over the data one Gaussian mechanism per example, passes counted
+      from the start of each `fit`;
+    * anything else (a `tf.data.Dataset` of your own, a `PyDataset`, a
+      generator, `train_on_batch`): no amplification, and every step a
+      Gaussian mechanism on every example (nothing says which rows a batch
+      of such data holds).
 
-    In both, under add-or-remove-one adjacency, sigma is
-    `model.optimizer.noise_multiplier` and T is
-    `int(model.optimizer.iterations)`: the optimizer counts the privatized
-    (logical) steps, and its `iterations` is saved and restored with the
-    model, so after save / load / resume epsilon continues from the steps
-    already taken, accounted with the current plan. At the start of training
-    one line (with `verbose=1`) says which accounting applies and, for data
-    that could have been Poisson-sampled, the epsilon Poisson sampling would
-    have given.
+    Steps taken under earlier `compile`s, `fit`s, optimizers, datasets or
+    processes (a loaded model, a resumed checkpoint) are composed with the
+    current ones, never re-accounted at the current rate. At the start of
+    training one line (with `verbose=1`) says which accounting applies and,
+    for data that could have been Poisson-sampled, the epsilon Poisson
+    sampling would have given.
 
     At the end of every batch and every epoch it sets `logs["epsilon"]`, so
     epsilon shows in the live progress bar (`verbose=1`), the `History`,
@@ -67,20 +62,23 @@ class PrivacyBudget(keras.callbacks.Callback):
     the epoch logs (`TensorBoard`, `CSVLogger`, `EarlyStopping`, ...) sees it
     only if it comes after `PrivacyBudget`: put `PrivacyBudget` first.
 
-    With `target_epsilon`, `on_train_begin` computes once the largest T
-    with epsilon(T) <= target_epsilon under the plan
-    (`tf_dpadam.accounting.calibrate_steps` for Poisson), and
-    `on_train_batch_end` sets `model.stop_training = True` as soon as T
-    reaches it, so no step beyond the budget is taken. If the budget is
-    already spent when training begins, `on_train_begin` raises before any
-    step, and so does `on_train_batch_begin` (a callback after this one may
-    restore a spent model, e.g. `BackupAndRestore`). The stop is exact only
-    with `steps_per_execution=1`, which the callback then requires.
+    With `target_epsilon`, `on_train_begin` computes once the largest total
+    T of the ledger's steps such that the ledger plus the steps of this
+    `fit` stays within target_epsilon (`Ledger.max_more_steps`), and
+    `on_train_batch_end` sets `model.stop_training = True` as soon as the
+    ledger reaches it, so no step beyond the budget is taken. The budget is
+    the model's, not the `fit`'s: a second `fit`, a new `compile` or a
+    loaded model continue from what was spent. If the budget is already
+    spent when training begins, `on_train_begin` raises before any step,
+    and so does `on_train_batch_begin`. The stop is exact only with
+    `steps_per_execution=1`, which the callback then requires.
 
     Attributes:
         epsilon: The last epsilon computed (None before training begins).
-        max_steps: The step budget for `target_epsilon` (None without one).
-        plan: The sampling plan accounted (None before training begins).
+        max_steps: The ledger's step budget for `target_epsilon` (None
+            without one).
+        plan: The sampling plan of the running `fit` (None before training
+            begins).
     """
 
     # With PLD and Poisson sampling, the batch logs' epsilon is exact every
@@ -145,8 +143,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.max_steps = None
         self.plan = None
         self._announced = None
-        self._epsilons = {}  # (plan, sigma, T) -> epsilon.
-        self._max_steps = {}  # (plan, sigma) -> max_steps.
+        self._max_steps = {}  # (ledger, mechanism) -> max_steps.
         if self.num_examples is not None:
             validation.warn_large_delta(self.delta, self.num_examples)
 
@@ -167,14 +164,24 @@ class PrivacyBudget(keras.callbacks.Callback):
             " DPAdam or DPAdamCorrected)."
         )
 
-    def _sigma(self):
-        return float(self._dp_optimizer().noise_multiplier)
+    def _ledger_model(self):
+        """The private model, which owns the ledger."""
+        if not hasattr(self.model, "privacy_ledger"):
+            raise ValueError(
+                f"PrivacyBudget accounts the privacy ledger of a private"
+                f" model, and {type(self.model).__name__} has none: wrap the"
+                " model with tf_dpadam.make_private(model) and compile it"
+                " with a tf_dpadam DP optimizer."
+            )
+        return self.model
 
     def _read_plan(self):
-        """The model's sampling plan, checked against `num_examples`."""
+        """The running fit's sampling plan, checked against
+        `num_examples`."""
         optimizer = self._dp_optimizer()
         k = getattr(optimizer, "dp_accumulation_steps", 1)
-        plan = getattr(self.model, "sampling_plan", None)
+        plan = getattr(self.model, "_fit_plan", None) or getattr(
+            self.model, "sampling_plan", None)
         if plan is None:
             plan = plans.FixedBatchesPlan("data of unknown sampling", None, k)
         denominator = getattr(optimizer, "batch_size", None)
@@ -198,76 +205,84 @@ class PrivacyBudget(keras.callbacks.Callback):
             logical = getattr(optimizer, "batch_size", None) or self.batch_size
             plan = dataclasses.replace(plan, num_examples=n,
                                        logical_batch_size=logical)
-        if plan.amplified:
-            batch_size = getattr(optimizer, "batch_size", None)
-            if batch_size != plan.expected_batch_size:
-                raise ValueError(
-                    f"The Poisson batches have expected size"
-                    f" {plan.expected_batch_size}, but the optimizer divides"
-                    f" by batch_size={batch_size!r}: set it to"
-                    f" {plan.expected_batch_size}."
-                )
         if self.num_examples is None and plan.num_examples is not None:
             validation.warn_large_delta(self.delta, plan.num_examples)
         return plan
 
+    def _ledger(self):
+        return self._ledger_model().privacy_ledger
+
     def _steps_taken(self):
-        return int(ops.convert_to_numpy(self._dp_optimizer().iterations))
+        """The steps in the model's ledger (all its DP steps, ever)."""
+        return self._ledger().steps
 
-    def _epsilon_at(self, steps, sigma):
-        key = (self.plan, sigma, steps)
-        if key not in self._epsilons:
-            self._epsilons[key] = self.plan.epsilon(
-                steps, sigma, self.delta, self.accountant)
-        return self._epsilons[key]
+    def _mechanism(self):
+        return self._ledger_model().ledger_mechanism()
 
-    def _batch_epsilon(self, steps, sigma):
+    def _batch_epsilon(self):
         """The epsilon logged at a batch end: exact, except with PLD and
         Poisson sampling in a fit of more than `pld_log_every` batches,
-        between multiples of `pld_log_every`, where it is epsilon at the
-        next multiple (or at `max_steps`), an upper bound."""
+        between multiples of `pld_log_every`, where it is the epsilon of
+        the ledger with the running mechanism's steps up to the next
+        multiple (or to `max_steps`), an upper bound."""
+        ledger = self._ledger()
         every = self.pld_log_every
         params = self.params or {}
         batches = (params.get("steps") or math.inf) * (params.get("epochs")
                                                        or 1)
-        if (self.accountant != "pld" or not self.plan.amplified
+        mechanism = self._mechanism()
+        if (self.accountant != "pld" or mechanism.sampling != "poisson"
                 or batches <= every):
-            return self._epsilon_at(steps, sigma)
+            return ledger.epsilon(self.delta, self.accountant)
+        steps = ledger.steps
         ahead = -(-steps // every) * every
         if self.max_steps is not None and steps <= self.max_steps:
             ahead = min(ahead, self.max_steps)
-        return self._epsilon_at(ahead, sigma)
+        return ledger.with_steps(mechanism, ahead - steps).epsilon(
+            self.delta, self.accountant)
 
     def _update_epsilon(self):
-        self.epsilon = self._epsilon_at(self._steps_taken(), self._sigma())
+        self.epsilon = self._ledger().epsilon(self.delta, self.accountant)
         return self.epsilon
 
-    def _compute_max_steps(self, sigma):
-        key = (self.plan, sigma)
+    def _compute_max_steps(self):
+        """The ledger's total steps within `target_epsilon`, the rest of
+        them taken with the running fit's mechanism."""
+        mechanism = self._mechanism()
+        if mechanism.noise_multiplier == 0:
+            raise ValueError(
+                "Expected the optimizer's noise_multiplier=0.0 > 0 with"
+                f" target_epsilon={self.target_epsilon!r}: without noise"
+                " a single step has epsilon = inf."
+            )
+        ledger = self._ledger()
+        key = (ledger, mechanism)
         if key not in self._max_steps:
-            if sigma == 0:
-                raise ValueError(
-                    "Expected the optimizer's noise_multiplier=0.0 > 0 with"
-                    f" target_epsilon={self.target_epsilon!r}: without noise"
-                    " a single step has epsilon = inf."
-                )
-            self._max_steps[key] = self.plan.max_steps(
-                self.target_epsilon, sigma, self.delta, self.accountant)
+            self._max_steps[key] = ledger.steps + ledger.max_more_steps(
+                mechanism, self.target_epsilon, self.delta, self.accountant)
         return self._max_steps[key]
 
     def accounting_line(self, planned_steps=None):
-        """The line printed at the start of training."""
-        sigma = self._sigma()
-        line = f"PrivacyBudget: epsilon accounts {self.plan.describe()}."
+        """The line printed at the start of training; `planned_steps` is
+        the number of steps of this fit, if known."""
+        mechanism = self._mechanism()
+        ledger = self._ledger()
+        line = f"PrivacyBudget: epsilon accounts {mechanism.describe()}."
+        if ledger.steps:
+            line += (f" Composed with the {ledger.steps} steps this model took"
+                     " before (epsilon ="
+                     f" {ledger.epsilon(self.delta, self.accountant):.4g}).")
         alternative = getattr(self.plan, "poisson_alternative", None)
         alternative = alternative() if alternative else None
+        sigma = mechanism.noise_multiplier
         if alternative is not None and planned_steps and sigma > 0:
-            fixed = self.plan.epsilon(planned_steps, sigma, self.delta,
-                                      self.accountant)
-            poisson = alternative.epsilon(planned_steps, sigma, self.delta,
-                                          self.accountant)
+            fixed = ledger.with_steps(mechanism, planned_steps).epsilon(
+                self.delta, self.accountant)
+            poisson = ledger.with_steps(
+                alternative.mechanism(sigma), planned_steps).epsilon(
+                    self.delta, self.accountant)
             line += (
-                f" After {planned_steps} steps: epsilon = {fixed:.4g};"
+                f" After {planned_steps} more steps: epsilon = {fixed:.4g};"
                 f" Poisson sampling of the same data (fit's default on"
                 f" in-memory data) would give {poisson:.4g}."
             )
@@ -277,18 +292,19 @@ class PrivacyBudget(keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        self._ledger_model()
+        self._dp_optimizer()
         self.plan = self._read_plan()
-        sigma = self._sigma()
-        steps = self._steps_taken()
-        self.epsilon = self._epsilon_at(steps, sigma)
-        if self.verbose and self.plan != self._announced:
-            self._announced = self.plan  # Once, not at every fit call.
+        self._update_epsilon()
+        mechanism = self._mechanism()
+        if self.verbose and mechanism != self._announced:
+            self._announced = mechanism  # Once, not at every fit call.
             params = self.params or {}
             per_epoch, epochs = params.get("steps"), params.get("epochs")
             planned = None
             if per_epoch and epochs:
                 k = getattr(self._dp_optimizer(), "dp_accumulation_steps", 1)
-                planned = steps + math.ceil(per_epoch * epochs / k)
+                planned = math.ceil(per_epoch * epochs / k)
             print(self.accounting_line(planned), flush=True)
         if self.target_epsilon is None:
             return
@@ -299,33 +315,31 @@ class PrivacyBudget(keras.callbacks.Callback):
                 " with target_epsilon: the callback can only stop training"
                 " between executions."
             )
-        self.max_steps = self._compute_max_steps(sigma)
-        self._refuse_if_spent(steps)
+        self.max_steps = self._compute_max_steps()
+        self._refuse_if_spent(self._steps_taken())
 
     def _refuse_if_spent(self, steps):
         """Raises before a step if the budget's `max_steps` are taken."""
         if steps >= self.max_steps:
-            self.epsilon = self._epsilon_at(steps, self._sigma())
+            self._update_epsilon()
             raise RuntimeError(
-                "The privacy budget is already spent: the optimizer has taken"
-                f" {steps} steps (epsilon = {self.epsilon:.6g}), and"
-                f" target_epsilon={self.target_epsilon!r} allows at most"
-                f" {self.max_steps} steps; training would exceed it, so no"
-                " step is taken."
+                "The privacy budget is already spent: the model has taken"
+                f" {steps} DP steps (epsilon = {self.epsilon:.6g}, its"
+                f" privacy ledger), and target_epsilon={self.target_epsilon!r}"
+                f" allows at most {self.max_steps} with this fit's sampling;"
+                " training would exceed it, so no step is taken."
             )
 
     def on_train_batch_begin(self, batch, logs=None):
-        # Again before every batch: a callback after this one may restore
-        # a model that spent the budget (`BackupAndRestore` restores in
-        # its own `on_train_begin`), and Keras checks `stop_training` only
-        # after a batch.
+        # Again before every batch: a callback after this one may change
+        # the model, and Keras checks `stop_training` only after a batch.
         if self.max_steps is not None:
             self._refuse_if_spent(self._steps_taken())
 
     def on_train_batch_end(self, batch, logs=None):
         steps = self._steps_taken()
         if logs is not None:
-            self.epsilon = self._batch_epsilon(steps, self._sigma())
+            self.epsilon = self._batch_epsilon()
             logs["epsilon"] = self.epsilon
         if self.max_steps is not None and steps >= self.max_steps:
             self.model.stop_training = True

@@ -146,30 +146,76 @@ def plan_of_data(x, accumulation_steps):
     plan = sampling_lib.poisson_plan_of(x)
     if plan is not None:
         return plan
+    # Nothing says which rows a batch of a user's pipeline holds (a
+    # `repeat`, a `take`, an un-shuffled slice, ...): every step may hold
+    # every example, each of its k physical batches once.
     k = accumulation_steps
     if isinstance(x, tf.data.Dataset):
-        cardinality = int(x.cardinality())
-        batches = cardinality if cardinality > 0 else None
-        return plans.FixedBatchesPlan("a tf.data.Dataset", batches, k)
+        return plans.FixedBatchesPlan("a tf.data.Dataset", None, k)
     if isinstance(x, keras.utils.PyDataset):
-        batches = x.num_batches
-        return plans.FixedBatchesPlan(
-            "a keras.utils.PyDataset",
-            int(batches) if batches else None, k)
+        return plans.FixedBatchesPlan("a keras.utils.PyDataset", None, k)
     if isinstance(x, tf.distribute.DistributedDataset):
         return plans.FixedBatchesPlan("a distributed dataset", None, k)
     return plans.FixedBatchesPlan("a generator", None, k)
+
+
+def class_weighted(y, sample_weight, class_weight):
+    """Per-example weights with `class_weight` folded in, as Keras does it:
+    the class of a row is y itself (integer labels, or a single column) or
+    the argmax of its last axis (one-hot rows); times `sample_weight` if
+    given.
+
+    Raises:
+        ValueError: if `y` is not one array or a class has no weight.
+    """
+    if isinstance(y, (dict, list, tuple)):
+        raise ValueError(
+            "Expected y to be one array with class_weight (Keras supports"
+            " class_weight for single-output models only); pass per-example"
+            " weights as sample_weight instead.")
+    labels = np.asarray(y)
+    if labels.ndim > 1 and labels.shape[-1] > 1:
+        labels = np.argmax(labels, axis=-1)
+    labels = labels.reshape(labels.shape[0], -1)[:, 0].astype("int64")
+    missing = sorted(set(labels.tolist()) - set(int(c) for c in class_weight))
+    if missing:
+        raise ValueError(
+            f"Expected class_weight to give a weight to every class of y;"
+            f" classes {missing[:10]} have none.")
+    table = np.zeros(max(max(int(c) for c in class_weight),
+                         int(labels.max(initial=0))) + 1, "float32")
+    for c, w in class_weight.items():
+        table[int(c)] = float(w)
+    weights = table[labels]
+    if sample_weight is not None:
+        weights = weights * np.asarray(sample_weight, "float32").reshape(
+            weights.shape)
+    return weights
 
 
 class SamplingFitMixin:
     """`fit` with Poisson batches on in-memory data; see the module."""
 
     sampling_plan = None
+    # The plan of the `fit` in progress (None outside `fit`), for the
+    # ledger's segments (`PrivateModel.ledger_mechanism`).
+    _fit_plan = None
+
+    def _fit_under_plan(self, plan, *args, **kwargs):
+        """Keras' `fit` with `plan` recorded, in a ledger segment of its
+        own (a new pass over fixed batches begins with every `fit`)."""
+        self.sampling_plan = plan
+        self._fit_plan = plan
+        try:
+            self.begin_ledger_segment(new_segment=True)
+            return super().fit(*args, **kwargs)
+        finally:
+            self._fit_plan = None
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1,
             sample_weight=None, validation_split=0.0, validation_data=None,
             shuffle=True, steps_per_epoch=None, sampling="poisson",
-            **kwargs):
+            class_weight=None, **kwargs):
         """Keras' `fit`, with `sampling` ("poisson" or "shuffled")."""
         if sampling not in SAMPLINGS:
             raise ValueError(
@@ -181,20 +227,30 @@ class SamplingFitMixin:
                 sample_weight=sample_weight,
                 validation_split=validation_split,
                 validation_data=validation_data, shuffle=shuffle,
-                steps_per_epoch=steps_per_epoch, **kwargs)
+                steps_per_epoch=steps_per_epoch, class_weight=class_weight,
+                **kwargs)
         k = optimizer.dp_accumulation_steps
         if not is_in_memory(x):
-            self.sampling_plan = plan_of_data(x, k)
-            if self.sampling_plan.amplified:
-                check_poisson_plan(self.sampling_plan, optimizer)
+            plan = plan_of_data(x, k)
+            if plan.amplified:
+                check_poisson_plan(plan, optimizer)
                 if isinstance(x, tf.data.Dataset):
                     check_one_worker(self.distribute_strategy)
-            return super().fit(
-                x, y, batch_size=batch_size, epochs=epochs,
+                if class_weight is not None:
+                    raise ValueError(
+                        "Expected class_weight=None with Poisson batches of"
+                        " your own: their weights mark the padding rows."
+                        " Fold the class weights into the examples' weights"
+                        " (poisson_batches((x, y, weights), ...)), or pass"
+                        " in-memory x and y to fit, which folds"
+                        " class_weight in.")
+            return self._fit_under_plan(
+                plan, x, y, batch_size=batch_size, epochs=epochs,
                 sample_weight=sample_weight,
                 validation_split=validation_split,
                 validation_data=validation_data, shuffle=shuffle,
-                steps_per_epoch=steps_per_epoch, **kwargs)
+                steps_per_epoch=steps_per_epoch, class_weight=class_weight,
+                **kwargs)
 
         x, y, sample_weight = (pipeline.as_rows(v, numpy_leaves=True)
                                for v in (x, y, sample_weight))
@@ -212,20 +268,25 @@ class SamplingFitMixin:
             rows = cut
         if sampling == "shuffled":
             b = batch_size or _KERAS_BATCH_SIZE
-            self.sampling_plan = plans.FixedBatchesPlan(
+            plan = plans.FixedBatchesPlan(
                 "shuffled fixed batches" if shuffle else "fixed batches",
                 math.ceil(rows / b), k, num_examples=rows,
                 logical_batch_size=min(b * k, rows))
-            return super().fit(
-                x, y, batch_size=batch_size, epochs=epochs,
+            return self._fit_under_plan(
+                plan, x, y, batch_size=batch_size, epochs=epochs,
                 sample_weight=sample_weight, validation_data=validation_data,
-                shuffle=shuffle, steps_per_epoch=steps_per_epoch, **kwargs)
+                shuffle=shuffle, steps_per_epoch=steps_per_epoch,
+                class_weight=class_weight, **kwargs)
 
         if y is None:
             raise ValueError(
                 "fit on in-memory data draws Poisson batches of (x, y) and"
                 " needs y; for a model without targets pass a"
                 " tf_dpadam.data.poisson_batches dataset.")
+        if class_weight is not None:
+            # Each example's weight; Keras' own class_weight would clash
+            # with the Poisson batches' weights.
+            sample_weight = class_weighted(y, sample_weight, class_weight)
         b = expected_batch_size(optimizer, batch_size)
         check_one_worker(self.distribute_strategy)
         logical_steps = None
@@ -243,12 +304,14 @@ class SamplingFitMixin:
             steps_per_epoch=logical_steps, seed=getattr(self, "seed", None),
             pad_to_multiple_of=(None if self.jit_compile
                                 else GRAPH_PAD_MULTIPLE),
-            first_step=int(keras.ops.convert_to_numpy(optimizer.iterations)),
+            # The steps this model took, whatever its optimizer counts (a new
+            # optimizer starts at 0): a new stream of public nonces.
+            first_step=self.privacy_ledger.steps,
         )
-        self.sampling_plan = sampling_lib.poisson_plan_of(batches.dataset)
-        check_poisson_plan(self.sampling_plan, optimizer)
+        plan = sampling_lib.poisson_plan_of(batches.dataset)
+        check_poisson_plan(plan, optimizer)
         dataset = batches.dataset.apply(tf.data.experimental.assert_cardinality(
             batches.steps_per_epoch * batches.accumulation_steps))
-        return super().fit(dataset, epochs=epochs,
-                           validation_data=validation_data, shuffle=False,
-                           **kwargs)
+        return self._fit_under_plan(plan, dataset, epochs=epochs,
+                                    validation_data=validation_data,
+                                    shuffle=False, **kwargs)

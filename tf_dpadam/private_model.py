@@ -19,6 +19,7 @@ from tf_dpadam import clean_gradients as clean_gradients_lib
 from tf_dpadam import compat
 from tf_dpadam import independence
 from tf_dpadam import lora_state
+from tf_dpadam import model_ledger
 from tf_dpadam import pipeline
 from tf_dpadam import private_fit
 from tf_dpadam.ghost_clipping import registry
@@ -58,7 +59,7 @@ class _Untracked:
 
 
 @keras.saving.register_keras_serializable(package="tf_dpadam")
-class PrivateModel(compat.LocalBatchSymbolicBuild,
+class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
                    private_fit.SamplingFitMixin, pipeline.PreprocessingMixin,
                    keras.Model):
     """A model whose `fit` privatizes each step; see `make_private`."""
@@ -67,8 +68,9 @@ class PrivateModel(compat.LocalBatchSymbolicBuild,
                  clipping: str = "auto", diagnostics: bool = False,
                  secure_mode: bool = False, augment: Optional[Callable] = None,
                  augmult: int = 1, *, check_independence: bool = True,
-                 **kwargs):
+                 privacy_ledger: Optional[dict] = None, **kwargs):
         super().__init__(**kwargs)
+        self._init_ledger(privacy_ledger)  # What training spent.
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
                 f"Expected clipping={clipping!r} to be one of"
@@ -174,11 +176,14 @@ class PrivateModel(compat.LocalBatchSymbolicBuild,
         # compiled step (graph or XLA) runs.
         made = self.train_function
         result = super().make_train_function(force=force)
-        if self.check_independence and self.train_function is not made:
-            self.train_function = independence.checked_on_first_call(
-                self.train_function, self._check_independence_once,
-                self.steps_per_execution,
-            )
+        if self.train_function is not made:
+            if self.check_independence:
+                self.train_function = independence.checked_on_first_call(
+                    self.train_function, self._check_independence_once,
+                    self.steps_per_execution,
+                )
+            # Every call opens the ledger segment of its steps.
+            self.train_function = self.with_ledger(self.train_function)
         return result
 
     def _check_independence_once(self, data):
@@ -192,7 +197,7 @@ class PrivateModel(compat.LocalBatchSymbolicBuild,
         """One DP step (`tf_dpadam.step.train_step`)."""
         return train_step_lib.train_step(
             self, data, noise_seeds=self._noise_seeds.value,
-            hooks=self.step_hooks,
+            hooks=self.step_hooks, ledger=self._model_ledger,
         )
 
     def per_example_norms_step(self, data) -> tuple:
@@ -264,6 +269,8 @@ class PrivateModel(compat.LocalBatchSymbolicBuild,
             "augment": augmentation.serialize(self.augment),
             "base_model": keras.saving.serialize_keras_object(self.base_model),
             "lora": lora_state.lora_config(self.base_model),
+            # What the model spent: `clone_model` and `from_config` keep it.
+            "privacy_ledger": self.privacy_ledger.to_json(),
         }
 
     @classmethod

@@ -19,6 +19,7 @@ import typing
 from tf_dpadam import validation
 from tf_dpadam.accounting import calibration
 from tf_dpadam.accounting import epsilon as accounting_epsilon
+from tf_dpadam.accounting import ledger
 from tf_dpadam.accounting import passes
 
 
@@ -68,6 +69,12 @@ class PoissonPlan:
             batch_size=self.expected_batch_size,
             noise_multiplier=noise_multiplier, delta=delta,
             accountant=accountant)
+
+    def mechanism(self, noise_multiplier, source="Poisson batches"):
+        """The ledger's `Mechanism` of one step of this plan."""
+        return ledger.Mechanism.poisson(
+            noise_multiplier, self.num_examples, self.expected_batch_size,
+            self.accumulation_steps, source)
 
     def describe(self):
         q = self.expected_batch_size / self.num_examples
@@ -121,6 +128,17 @@ class FixedBatchesPlan:
                 f" noise_multiplier={noise_multiplier!r} and delta={delta!r}."
             )
         return steps
+
+    def mechanism(self, noise_multiplier):
+        """The ledger's `Mechanism` of one step of this plan: "passes" if
+        the pass structure is known, else "every_step"."""
+        if self.batches_per_pass is None:
+            return ledger.Mechanism.every_step(
+                noise_multiplier, self.accumulation_steps, self.num_examples,
+                self.source)
+        return ledger.Mechanism.passes(
+            noise_multiplier, self.batches_per_pass, self.accumulation_steps,
+            self.num_examples, self.source)
 
     def poisson_alternative(self):
         """The `PoissonPlan` of the same data and batch size, if known."""

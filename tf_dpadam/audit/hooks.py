@@ -48,6 +48,10 @@ class AuditHooks(step_hooks.StepHooks):
         self.broken = "none"
         self.canaries = None  # a canaries.GradientCanaries
 
+    @property
+    def breaks_privacy(self):
+        return self.broken != "none"
+
     def clip_norm(self, l2_norm_clip):
         return _NO_CLIPPING if self.broken == "no_clipping" else l2_norm_clip
 

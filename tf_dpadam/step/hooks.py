@@ -40,10 +40,14 @@ class StepHooks:
         supports_replica_accumulation: False if the hook cannot run in the
             logical step of accumulation under `tf.distribute` (the step
             then raises `replica_accumulation_error()`).
+        breaks_privacy: True while the hook changes C or the noise (the
+            audit's deliberate breaks): the model's privacy ledger then
+            records its steps without noise (epsilon infinite).
     """
 
     observes_clean_sum = False
     supports_replica_accumulation = True
+    breaks_privacy = False
 
     def build(self, variables: Sequence) -> None:
         """Creates state for the model's trainable `variables` (eager)."""

@@ -34,7 +34,8 @@ from tf_dpadam.step import clipping
 from tf_dpadam.step import update as update_lib
 
 
-def train_step(model, data, *, noise_seeds, hooks: Sequence = ()) -> dict:
+def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
+               ledger=None) -> dict:
     """One DP step of `model` (a `PrivateModel`) on the batch `data`.
 
     Args:
@@ -42,6 +43,8 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = ()) -> dict:
         data: `(x, y, sample_weight)` as Keras' `train_step` gets it.
         noise_seeds: the model's `seeds.NoiseSeeds`.
         hooks: the model's `hooks.StepHooks`.
+        ledger: the model's `model_ledger.ModelLedger`, which counts every
+            logical step where its noise is drawn.
 
     Returns:
         The logs (loss and metrics), as Keras' `train_step`.
@@ -87,7 +90,7 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = ()) -> dict:
     # Phases 3 to 5: noise, scale, update (once per logical step).
     update_lib.apply_clipped_sum(
         update_lib.Update(optimizer, variables, noise_seeds, tuple(hooks),
-                          model.secure_mode),
+                          model.secure_mode, ledger),
         summed, ops.sum(present), unclipped,
     )
 

@@ -48,12 +48,21 @@ class Update:
         noise_seeds: the model's `seeds.NoiseSeeds`.
         hooks: the model's `hooks.StepHooks`, in order.
         secure_mode: whether each noise value is a sum of several normals.
+        ledger: the model's `model_ledger.ModelLedger` (None: steps not
+            counted, for tests of this module only).
     """
     optimizer: object
     variables: Sequence
     noise_seeds: object
     hooks: Sequence = ()
     secure_mode: bool = False
+    ledger: object = None
+
+
+def count_step(update: Update) -> None:
+    """The ledger counts the logical step whose noise is drawn now."""
+    if update.ledger is not None:
+        update.ledger.count_step()
 
 
 def clip_norm(optimizer, hooks):
@@ -141,6 +150,7 @@ def noise_scale_apply(update: Update, summed: list, count,
     for hook in hooks:
         noise_stddev = hook.noise_stddev(noise_stddev)
     seed = update.noise_seeds.next(optimizer.iterations)
+    count_step(update)
     fraction = None
     if unclipped is not None:
         seed, count_seed = noise.split_seed(seed)
@@ -180,6 +190,7 @@ def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
         if not hook.supports_replica_accumulation:
             raise ValueError(hook.replica_accumulation_error())
     seed = update.noise_seeds.next(optimizer.iterations)
+    count_step(update)
     num_sums = len(accumulator.sums)
     adaptive = accumulator.unclipped is not None
     if adaptive:
