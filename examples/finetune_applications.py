@@ -127,10 +127,8 @@ def main(argv):
     private.fit(x, y, epochs=1, steps_per_epoch=steps,
                 verbose=1 if sys.stdout.isatty() else 2)
     _, accuracy = private.evaluate(x_test, y_test, batch_size=256, verbose=0)
-    done = int(private.optimizer.iterations.numpy())
-    epsilon = tf_dpadam.epsilon_after_steps(
-        steps=done, num_examples=len(y), delta=FLAGS.delta, accountant="pld",
-        batch_size=FLAGS.batch_size, noise_multiplier=FLAGS.noise_multiplier)
+    done = private.privacy_ledger.steps
+    epsilon = private.spent_epsilon(FLAGS.delta)  # The model's ledger, PLD.
     print(f"clipping: {private.clipping_used}; C went from"
           f" {FLAGS.l2_norm_clip:g} to {private.optimizer.l2_norm_clip:.4g}")
     print(f"test accuracy {accuracy:.4f} after {done} steps; spent epsilon"

@@ -162,7 +162,7 @@ def main(argv):
     evaluator.set_weights(model.base_model.get_weights())
     evaluator.compile(loss=model.loss, metrics=["accuracy"])
     _, accuracy = evaluator.evaluate(x_test, y_test, batch_size=512, verbose=0)
-    done = int(model.optimizer.iterations.numpy())
+    done = model.privacy_ledger.steps
     print(f"test accuracy {accuracy:.4f} after {done} steps ({k} micro-batches"
           f" of {batches.physical_batch_size} per replica each); spent"
           f" epsilon {budget.epsilon:.3f} at delta {FLAGS.delta:g}")

@@ -102,6 +102,8 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
     model.fit(x, y, batch_size=16 // (accumulation_steps or 1), epochs=2,
               shuffle=False, verbose=0, sampling="shuffled")
     assert int(model.optimizer.iterations.numpy()) == 4
+    # The privacy ledger counts each logical step once, whatever the replicas.
+    assert model.privacy_ledger.steps == 4, model.privacy_ledger
     weights = [w.numpy().tolist() for w in base.weights]
     if adaptive:
         weights.append(list(model.optimizer.l2_norm_clip.values()))

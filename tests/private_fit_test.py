@@ -311,19 +311,29 @@ class FixedPathsTest(parameterized.TestCase):
                                  steps_per_epoch=N // B)
         self._check_passes(counts, 3)
 
-    @parameterized.named_parameters(
-        ("shuffled_arrays", lambda: ((_ids(), _targets()),
-                                     dict(batch_size=B, sampling="shuffled"))),
-        ("dataset", lambda: ((FixedPathsTest()._dataset(),), {})),
-        ("py_dataset", lambda: ((_Sequence(_ids(), _targets(), B),), {})),
-    )
-    def test_epsilon_composes_the_passes(self, make):
-        args, kwargs = make()
-        model, _, budget = self._fit(*args, noise_multiplier=SIGMA, **kwargs)
+    def test_epsilon_composes_the_passes(self):
+        # fit's own shuffled batches: each epoch one pass over the data.
+        model, _, budget = self._fit(_ids(), _targets(), batch_size=B,
+                                     sampling="shuffled",
+                                     noise_multiplier=SIGMA)
         self.assertEqual(int(ops.convert_to_numpy(model.optimizer.iterations)),
                          3 * N // B)
         self.assertAlmostEqual(budget.epsilon, _passes_epsilon(3), places=9)
         self.assertGreater(budget.epsilon, _poisson_epsilon(3 * N // B))
+
+    @parameterized.named_parameters(
+        ("dataset", lambda: FixedPathsTest()._dataset()),
+        ("py_dataset", lambda: _Sequence(_ids(), _targets(), B)),
+    )
+    def test_user_pipeline_epsilon_composes_every_step(self, make):
+        # Nothing says which rows a batch of a user's pipeline holds (it
+        # could `repeat` or slice): every step is one participation.
+        model, _, budget = self._fit(make(), noise_multiplier=SIGMA)
+        steps = 3 * N // B
+        self.assertEqual(int(ops.convert_to_numpy(model.optimizer.iterations)),
+                         steps)
+        self.assertAlmostEqual(budget.epsilon, _passes_epsilon(steps),
+                               places=9)
 
     def test_generator_epsilon_composes_every_step(self):
         # Its passes are unknown: every step may hold every example.
