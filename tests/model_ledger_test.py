@@ -85,6 +85,15 @@ class CountingTest(parameterized.TestCase):
         self.assertEqual([s.steps for s in model.privacy_ledger.segments],
                          [2, 3])
 
+    def test_wrapping_the_same_model_again_keeps_the_ledger(self):
+        # Its weights carry what the first wrapper spent.
+        model = _model()
+        x, y = _data()
+        model.fit(x, y, epochs=1, steps_per_epoch=3, verbose=0)
+        again = tf_dpadam.make_private(model.base_model)
+        self.assertEqual(again.privacy_ledger, model.privacy_ledger)
+        self.assertEqual(again.privacy_ledger.steps, 3)
+
     def test_a_broken_privatizer_is_recorded_without_noise(self):
         model = _model()
         x, y = _data()

@@ -18,7 +18,8 @@ opens a segment of its own (a pass over fixed batches begins again).
 The ledger goes wherever the model's state goes: `PrivateModel`
 writes it into every weights store (`model.save`, `save_weights`, Keras'
 `ModelCheckpoint` and `BackupAndRestore`, run folders' checkpoints) and into
-`get_config` (`keras.models.clone_model`). Loading never lowers it: a loaded
+`get_config` (`keras.models.clone_model`); a second `make_private` of the
+same Keras model shares it. Loading never lowers it: a loaded
 ledger is merged with the model's own (`Ledger.merged`: the same segment
 keeps its larger count, other segments are composed), so restoring an
 earlier backup keeps the steps taken since.
@@ -33,6 +34,8 @@ from tf_dpadam.accounting import ledger as ledger_lib
 
 # The key of the ledger in a layer's weights store.
 STORE_KEY = "privacy_ledger"
+# Where a wrapped model keeps the ledger of its private wrappers.
+BASE_MODEL_ATTRIBUTE = "_tf_dpadam_privacy_ledger"
 
 
 class ModelLedger:
@@ -138,10 +141,18 @@ class LedgerMixin:
     """The ledger's part of `PrivateModel`: the segments its train function
     opens, the stores it writes, and what users read."""
 
-    def _init_ledger(self, config=None):
-        """Creates the model's `ModelLedger` (from `get_config`'s value)."""
-        self._model_ledger = ModelLedger(
-            None if config is None else ledger_lib.Ledger.from_json(config))
+    def _init_ledger(self, base_model, config=None):
+        """The model's `ModelLedger`: `get_config`'s value, or the ledger
+        of an earlier private model of the same `base_model` (its weights
+        carry what that one spent: wrapping them again must not start
+        over), or a new one."""
+        existing = getattr(base_model, BASE_MODEL_ATTRIBUTE, None)
+        if existing is None:
+            existing = ModelLedger()
+            setattr(base_model, BASE_MODEL_ATTRIBUTE, existing)
+        if config is not None:
+            existing.restore(ledger_lib.Ledger.from_json(config))
+        self._model_ledger = existing
 
     @property
     def privacy_ledger(self):

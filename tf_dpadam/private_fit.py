@@ -14,13 +14,17 @@ if the batches were Poisson samples. A private model's `fit` therefore:
   opts out: Keras' shuffled fixed batches, accounted without amplification;
 * on any other data records how it was sampled: tf_dpadam's Poisson
   pipelines (also through `map`, `repeat`, `prefetch`) are Poisson; a
-  user's `tf.data.Dataset`, `keras.utils.PyDataset` or generator is not.
+  user's `tf.data.Dataset`, `keras.utils.PyDataset` or generator is not,
+  and since nothing says which rows its batches hold, every step is
+  accounted as one participation of every example.
 
-The record is `model.sampling_plan` (a `tf_dpadam.accounting.plans` plan),
-which `tf_dpadam.PrivacyBudget` accounts. Under Poisson sampling the
-optimizer must divide by the public expected B (its `batch_size`) and
-accumulate the pipeline's k batches: anything else raises a `ValueError`
-before the first step.
+The record is `model.sampling_plan` (a `tf_dpadam.accounting.plans` plan);
+each `fit` opens a segment of the model's privacy ledger with it
+(`tf_dpadam.model_ledger`), which `tf_dpadam.PrivacyBudget` accounts.
+`class_weight` under Poisson sampling is folded into the examples' weights
+(`class_weighted`). Under Poisson sampling the optimizer must divide by the
+public expected B (its `batch_size`) and accumulate the pipeline's k
+batches: anything else raises a `ValueError` before the first step.
 """
 
 import math

@@ -70,7 +70,6 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
                  augmult: int = 1, *, check_independence: bool = True,
                  privacy_ledger: Optional[dict] = None, **kwargs):
         super().__init__(**kwargs)
-        self._init_ledger(privacy_ledger)  # What training spent.
         if clipping not in CLIPPING_METHODS:
             raise ValueError(
                 f"Expected clipping={clipping!r} to be one of"
@@ -107,6 +106,7 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
         train_step_lib.check_no_example_mixing(base_model)
         registry.warn_data_adapted_layers(base_model, stacklevel=3)
         self.base_model = base_model
+        self._init_ledger(base_model, privacy_ledger)  # What training spent.
         # LoRA factors are saved unmerged and restored after the layers.
         self._lora_factors = lora_state.LoraFactors(base_model)
         # The noise key: secret unless `seed` is given (a warning says so).
