@@ -48,8 +48,9 @@ class PrivacyBudget(keras.callbacks.Callback):
     `TensorBoard` (`batch_epsilon` with an integer `update_freq`, and
     `epoch_epsilon`), `CSVLogger` and so on. The epsilon of an epoch end
     and of the end of training is exact. With the PLD accountant (the
-    default) and Poisson sampling, an exact epsilon costs about 10 to 100 ms
-    (sigma = 1 down to 0.3), so in a fit of more than `pld_log_every` (100)
+    default), an exact epsilon costs about 10 to 100 ms (Poisson sampling,
+    sigma = 1 down to 0.3; more for a ledger of several mechanisms), so in
+    a fit of more than `pld_log_every` (100)
     batches it is computed at a batch end only at multiples of
     `pld_log_every` steps; between them the batch logs show the epsilon of
     the next multiple (or of `max_steps`), an upper bound, since epsilon
@@ -143,6 +144,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         self.max_steps = None
         self.plan = None
         self._announced = None
+        # The ledger's steps when `max_steps` was last checked against it.
+        self._budgeted_steps = None
         self._max_steps = {}  # (ledger, mechanism) -> max_steps.
         if self.num_examples is not None:
             validation.warn_large_delta(self.delta, self.num_examples)
@@ -220,8 +223,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         return self._ledger_model().ledger_mechanism()
 
     def _batch_epsilon(self):
-        """The epsilon logged at a batch end: exact, except with PLD and
-        Poisson sampling in a fit of more than `pld_log_every` batches,
+        """The epsilon logged at a batch end: exact, except with PLD in a
+        fit of more than `pld_log_every` batches,
         between multiples of `pld_log_every`, where it is the epsilon of
         the ledger with the running mechanism's steps up to the next
         multiple (or to `max_steps`), an upper bound."""
@@ -231,8 +234,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         batches = (params.get("steps") or math.inf) * (params.get("epochs")
                                                        or 1)
         mechanism = self._mechanism()
-        if (self.accountant != "pld" or mechanism.sampling != "poisson"
-                or batches <= every):
+        if self.accountant != "pld" or batches <= every:
             return ledger.epsilon(self.delta, self.accountant)
         steps = ledger.steps
         ahead = -(-steps // every) * every
@@ -258,8 +260,20 @@ class PrivacyBudget(keras.callbacks.Callback):
         ledger = self._ledger()
         key = (ledger, mechanism)
         if key not in self._max_steps:
-            self._max_steps[key] = ledger.steps + ledger.max_more_steps(
+            more = ledger.max_more_steps(
                 mechanism, self.target_epsilon, self.delta, self.accountant)
+            if more == 0 and ledger.steps == 0:
+                # Nothing is spent: the target is below a single step's
+                # epsilon, an argument error (not "already spent").
+                one = ledger.with_steps(mechanism, 1).epsilon(
+                    self.delta, self.accountant)
+                raise ValueError(
+                    f"Expected target_epsilon={self.target_epsilon!r} >="
+                    f" {one!r}, the epsilon of a single step (the smallest"
+                    f" epsilon reachable with {mechanism.describe()} and"
+                    f" delta={self.delta!r})."
+                )
+            self._max_steps[key] = ledger.steps + more
         return self._max_steps[key]
 
     def accounting_line(self, planned_steps=None):
@@ -316,7 +330,8 @@ class PrivacyBudget(keras.callbacks.Callback):
                 " between executions."
             )
         self.max_steps = self._compute_max_steps()
-        self._refuse_if_spent(self._steps_taken())
+        self._budgeted_steps = self._steps_taken()
+        self._refuse_if_spent(self._budgeted_steps)
 
     def _refuse_if_spent(self, steps):
         """Raises before a step if the budget's `max_steps` are taken."""
@@ -334,10 +349,18 @@ class PrivacyBudget(keras.callbacks.Callback):
         # Again before every batch: a callback after this one may change
         # the model, and Keras checks `stop_training` only after a batch.
         if self.max_steps is not None:
-            self._refuse_if_spent(self._steps_taken())
+            steps = self._steps_taken()
+            if steps != self._budgeted_steps:
+                # Not this fit's steps: a callback after this one loaded a
+                # ledger (BackupAndRestore), maybe of other mechanisms,
+                # which a count of steps does not bound. Budget it again.
+                self.max_steps = self._compute_max_steps()
+                self._budgeted_steps = steps
+            self._refuse_if_spent(steps)
 
     def on_train_batch_end(self, batch, logs=None):
         steps = self._steps_taken()
+        self._budgeted_steps = steps
         if logs is not None:
             self.epsilon = self._batch_epsilon()
             logs["epsilon"] = self.epsilon

@@ -170,7 +170,8 @@ class LedgerMixin:
         running `fit`'s sampling plan, else (`train_on_batch`) any batch;
         the optimizer's sigma, or 0 if a step hook breaks the privatizer
         (the audit's deliberate breaks: epsilon is then infinite)."""
-        optimizer = self.optimizer
+        # A loss-scale wrapper keeps the DP optimizer as `inner_optimizer`.
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
         sigma = float(optimizer.noise_multiplier)
         if any(getattr(hook, "breaks_privacy", False)
                for hook in self.step_hooks):
