@@ -34,6 +34,7 @@ import tf_dpadam
 from tf_dpadam import private_fit
 from tf_dpadam import sharding
 from tf_dpadam.accounting import RDP_ORDERS
+from tf_dpadam import sampling as sampling_lib
 from tf_dpadam.accounting import plans
 
 N = 60
@@ -217,6 +218,22 @@ class PoissonPathsTest(parameterized.TestCase):
         model = _probe()
         model.fit(dataset, verbose=0)
         self.assertFalse(model.sampling_plan.amplified)
+
+    def test_take_and_skip_keep_one_batch_steps_poisson(self):
+        # Each batch kept is its own step's Poisson sample.
+        batches = tf_dpadam.data.poisson_batches(
+            (_ids(), _targets()), expected_batch_size=B)
+        cut = batches.dataset.repeat().skip(2).take(5)
+        self.assertEqual(sampling_lib.poisson_plan_of(cut),
+                         plans.PoissonPlan(N, B))
+        # With k > 1 batches a step, a cut could join two steps' rows.
+        split = tf_dpadam.data.poisson_batches(
+            (_ids(), _targets()), expected_batch_size=B,
+            physical_batch_size=B)
+        self.assertGreater(split.accumulation_steps, 1)
+        self.assertIsNotNone(sampling_lib.poisson_plan_of(split.dataset))
+        self.assertIsNone(sampling_lib.poisson_plan_of(
+            split.dataset.take(3)))
 
     def test_poisson_batches_from_source(self):
         rows = list(zip(_ids(), _targets()))

@@ -305,13 +305,18 @@ _POISSON_PLANS = weakref.WeakKeyDictionary()
 
 # tf.data transformations that keep each batch's rows as they are, so that
 # a Poisson pipeline stays one through them (`dataset.map(transform)`,
-# `.repeat()`, ...). Anything else (`unbatch`, `batch`, `shuffle`, `take`,
+# `.repeat()`, ...). Anything else (`unbatch`, `batch`, `shuffle`,
 # `filter`, ...) could change which examples a step holds: the result is
 # no longer known to be Poisson and is accounted without amplification.
 _ROW_PRESERVING = frozenset((
     "_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
     "_RepeatDataset", "_OptionsDataset", "_AssertCardinalityDataset",
 ))
+# Transformations that keep or drop whole batches (`take`, `skip`): every
+# batch kept is still a Poisson sample of its own step, but with k > 1
+# physical batches a step they cut could join the rows of two steps, so
+# they keep a pipeline Poisson only when each step is one batch.
+_WHOLE_BATCHES = frozenset(("_TakeDataset", "_SkipDataset"))
 
 
 def register_poisson(dataset, plan):
@@ -323,8 +328,8 @@ def register_poisson(dataset, plan):
 def poisson_plan_of(data):
     """The `PoissonPlan` of a Poisson pipeline's dataset, else None.
 
-    Follows row-preserving transformations (`_ROW_PRESERVING`) back to the
-    pipeline; a `tf.distribute` dataset made by
+    Follows row-preserving transformations (`_ROW_PRESERVING`, and
+    `_WHOLE_BATCHES` when a step is one batch) back to the pipeline; a `tf.distribute` dataset made by
     `strategy.distribute_datasets_from_function(batches.dataset_fn)` is
     known by its `dataset_fn`. (Reads tf.data's and tf.distribute's private
     `_inputs()` and `_dataset_fn` through `compat`; unknown datasets are
@@ -336,13 +341,17 @@ def poisson_plan_of(data):
             return _POISSON_PLANS.get(dataset_fn)
         except TypeError:
             return None
+    cut = False  # Through a `take` or `skip`.
     while isinstance(data, tf.data.Dataset):
         plan = _POISSON_PLANS.get(data)
         if plan is not None:
-            return plan
+            return None if cut and plan.accumulation_steps > 1 else plan
         inputs = compat.dataset_inputs(data)
-        if type(data).__name__ not in _ROW_PRESERVING or len(inputs) != 1:
+        name = type(data).__name__
+        if (name not in _ROW_PRESERVING | _WHOLE_BATCHES
+                or len(inputs) != 1):
             return None
+        cut = cut or name in _WHOLE_BATCHES
         data = inputs[0]
     return None
 
