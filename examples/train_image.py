@@ -56,6 +56,9 @@ flags.DEFINE_integer("max_examples", None, "Train on the first this many.",
 flags.DEFINE_integer("max_steps", None, "At most this many (a quick run).",
                      lower_bound=1)
 flags.DEFINE_string("model_dir", None, "Checkpoints and ledger; reruns resume.")
+flags.DEFINE_bool("resume_counting_all_steps", False, "Resume a --model_dir"
+                  " whose checkpoint and ledger.json disagree or lack one"
+                  " another, counting the steps of both.")
 flags.DEFINE_integer("seed", 0, "Seed of the model's initialization.")
 flags.DEFINE_integer("noise_seed", None, "Seed of the noise and sampling, for"
                      " research only (NOT private); default: secret.")
@@ -145,11 +148,10 @@ def train():
           for key in ("l2_norm_clip", "noise_multiplier", "batch_size")}
     (x, y), (x_test, y_test) = load_dataset(FLAGS.dataset, FLAGS.data_dir)
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
-    steps = tf_dpadam.calibrate_steps(
+    steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # Uncalibrated.
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),
         delta=FLAGS.delta, accountant="pld", batch_size=dp["batch_size"],
         noise_multiplier=dp["noise_multiplier"])
-    steps = min(steps, FLAGS.max_steps or steps)  # A quick run.
 
     def build():
         keras.utils.set_random_seed(FLAGS.seed)
@@ -176,23 +178,22 @@ def train():
                 **dp, num_examples=len(y), optimizer=name,
                 physical_batch_size=None, delta=FLAGS.delta,
                 accumulation_steps=model.optimizer.dp_accumulation_steps),
-                model)
+                model, count_all_steps=FLAGS.resume_counting_all_steps)
             callbacks.append(run_dir.AtomicCheckpoint(model_dir, ledger))
-        done = int(model.optimizer.iterations.numpy())  # > 0 on a resume.
-        for initial_epoch, epochs, length in fit_calls(done, steps,
-                                                       FLAGS.eval_every):
+        # The run's steps are its model's ledger's (> 0 on a resume).
+        for initial_epoch, epochs, length in fit_calls(
+                model.privacy_ledger.steps, steps, FLAGS.eval_every):
             model.fit(x, y, initial_epoch=initial_epoch, epochs=epochs,
                       steps_per_epoch=length, callbacks=callbacks,
                       validation_data=(x_test, y_test),
                       validation_batch_size=512,
                       verbose=1 if sys.stdout.isatty() else 2)
+            if model.stop_training:  # PrivacyBudget: --target_epsilon.
+                break
         _, accuracy = model.evaluate(x_test, y_test, batch_size=512, verbose=0)
-        done = int(model.optimizer.iterations.numpy())
-    epsilon = ledger.epsilon() if model_dir else tf_dpadam.epsilon_after_steps(
-        steps=done, num_examples=len(y), delta=FLAGS.delta, accountant="pld",
-        batch_size=dp["batch_size"], noise_multiplier=dp["noise_multiplier"])
-    print(f"test accuracy {accuracy:.4f} after {done} steps; spent epsilon"
-          f" {epsilon:.3f} at delta {FLAGS.delta:g}")
+    print(f"test accuracy {accuracy:.4f} after {model.privacy_ledger.steps}"
+          f" steps; spent epsilon {model.spent_epsilon(FLAGS.delta):.3f} at"
+          f" delta {FLAGS.delta:g}")
 
 
 if __name__ == "__main__":

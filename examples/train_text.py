@@ -128,14 +128,13 @@ def main(argv):
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
     n = FLAGS.max_test_examples
     x_test, y_test = x_test[:n], y_test[:n]
-    try:
-        steps = tf_dpadam.calibrate_steps(
+    try:  # --max_steps: that many, no calibration (PrivacyBudget stops).
+        steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(
             target_epsilon=FLAGS.target_epsilon, num_examples=len(y),
             batch_size=FLAGS.batch_size, delta=FLAGS.delta,
             noise_multiplier=FLAGS.noise_multiplier, accountant="pld")
     except ValueError as error:  # Settings that cannot train: one line.
         raise app.UsageError(str(error)) from error
-    steps = min(steps, FLAGS.max_steps or steps)
 
     preset = FLAGS.preset or default_preset()
     keras.utils.set_random_seed(FLAGS.seed)  # Also Python's, for the LoRA.
@@ -156,21 +155,19 @@ def main(argv):
     print(f"{len(y)} sentences, {steps} steps; trainable weights:"
           f" {sum(int(np.prod(w.shape)) for w in model.trainable_weights):,}")
     budget = tf_dpadam.PrivacyBudget(num_examples=len(y), accountant="pld",
-                                     delta=FLAGS.delta)
+                                     delta=FLAGS.delta,
+                                     target_epsilon=FLAGS.target_epsilon)
     fit = dict(validation_data=(x_test, y_test), validation_batch_size=256,
                verbose=1 if sys.stdout.isatty() else 2, callbacks=[budget])
     every = FLAGS.eval_every
     if steps >= every:  # Keras epochs of --eval_every steps, then the rest.
         model.fit(x, y, epochs=steps // every, steps_per_epoch=every, **fit)
-    if steps % every:
+    if steps % every and not model.stop_training:  # Budget not reached.
         model.fit(x, y, initial_epoch=steps // every, epochs=steps // every + 1,
                   steps_per_epoch=steps % every, **fit)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
-    done = int(model.optimizer.iterations.numpy())
-    epsilon = tf_dpadam.epsilon_after_steps(
-        steps=done, num_examples=len(y), batch_size=FLAGS.batch_size,
-        noise_multiplier=FLAGS.noise_multiplier, delta=FLAGS.delta,
-        accountant="pld")
+    done = model.privacy_ledger.steps
+    epsilon = model.spent_epsilon(FLAGS.delta)  # The model's ledger, PLD.
     print(f"test accuracy {accuracy:.4f} after {done} steps; spent epsilon"
           f" {epsilon:.3f} at delta {FLAGS.delta:g}")
 

@@ -38,9 +38,11 @@ ELAPSED = "elapsed.json"
 # Held (flock) by the process that trains the run.
 LOCK = "run.lock"
 # What `research.training` keeps in a model_dir: the checkpoint and the one
-# before it (both whole: written to a temporary file, then renamed), the
-# privacy ledger (the settings and the steps of every process that trained,
-# `training.RunLedger`), and the lock of the process that trains (flock).
+# before it (both whole: written to a temporary file, then renamed; each
+# carries the model's privacy ledger), the run's privacy record (the
+# settings, the ledger at the last checkpoint and the steps reserved before
+# they run, `tf_dpadam.run_ledger.Record`), and the lock of the process that
+# trains (flock).
 CHECKPOINT = run_dir.CHECKPOINT
 PREVIOUS_CHECKPOINT = run_dir.PREVIOUS_CHECKPOINT
 LEDGER = run_dir.LEDGER

@@ -134,6 +134,7 @@ def main(argv):
                       max_test_examples=caps.max_test_examples,
                       data_source=FLAGS.data_source,
                       max_steps=caps.max_steps,
+                      count_all_steps=FLAGS.resume_counting_all_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
 

@@ -282,6 +282,7 @@ def main(argv):
                           FLAGS.finetune, FLAGS.finetune_blocks),
                       pooling=FLAGS.pooling,
                       max_steps=caps.max_steps,
+                      count_all_steps=FLAGS.resume_counting_all_steps,
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
 

@@ -22,10 +22,12 @@ at a time (`hold`: a lock, and a writable folder, checked before any step),
 checkpoints written whole (`save_checkpoint`: a temporary file renamed over
 the checkpoint, the one before kept as `checkpoint.prev.keras`), so a kill at
 any moment leaves one that loads; a damaged one is reported and the earlier
-one used (`load_checkpoint`). Its ledger (`RunLedger`) records the run's
-privacy settings and the steps of every process that trained it; a resume
-with other privacy settings is refused before any step (`begin_ledger`), and
-the epsilon reported is that of the ledger's steps with its settings.
+one used (`load_checkpoint`). The model's privacy ledger (every checkpoint
+carries it) counts the run's steps, those of killed processes after their
+last checkpoint included (`ledger.json` reserves steps before they run); a
+resume with other privacy settings, or whose checkpoint and `ledger.json`
+disagree, is refused before any step (`begin_ledger`), and the epsilon
+reported is the composition of the model's ledger.
 """
 
 import contextlib
@@ -86,6 +88,15 @@ def poisson_plan(config, train, first_step=0):
 SettingsError = run_dir_lib.SettingsError
 
 
+def _plan(config, train, first_step):
+    """`poisson_plan`; `SettingsError` if `config` cannot train on
+    `train`."""
+    try:
+        return poisson_plan(config, train, first_step=first_step)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
 def fit_segments(done, steps, eval_every):
     """The `model.fit` calls that take the steps `done + 1 ... steps`.
 
@@ -127,12 +138,19 @@ def tensorboard_callbacks(log_dir):
             StepSummaries(os.path.join(log_dir, "train"))]
 
 
+def model_steps(model):
+    """The logical steps a private model took: its privacy ledger's (across
+    `fit` calls and resumes, a killed process's lost steps included; not
+    its optimizer's)."""
+    return model.privacy_ledger.steps
+
+
 class StepSummaries(keras.callbacks.Callback):
     """Writes the batch logs (loss, accuracy, epsilon, ...) as TensorBoard
-    scalars `batch_<name>` at each DP step, numbered by the optimizer's
-    `iterations`: across `fit` calls and resumes, and once per logical step
-    under gradient accumulation (Keras' TensorBoard numbers physical batches
-    from 1 at every `fit`)."""
+    scalars `batch_<name>` at each DP step, numbered by `model_steps`:
+    across `fit` calls and resumes, and once per logical step under
+    gradient accumulation (Keras' TensorBoard numbers physical batches from
+    1 at every `fit`)."""
 
     def __init__(self, log_dir):
         super().__init__()
@@ -145,7 +163,7 @@ class StepSummaries(keras.callbacks.Callback):
             self._writer = tf.summary.create_file_writer(self.log_dir)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
+        step = model_steps(self.model)
         if step == self._step or not logs:
             return  # A micro-batch of an accumulated step.
         self._step = step
@@ -165,20 +183,21 @@ class StepLog(keras.callbacks.Callback):
         self.rows = []
 
     def on_epoch_end(self, epoch, logs=None):
-        row = {"step": int(self.model.optimizer.iterations.numpy())}
+        row = {"step": model_steps(self.model)}
         row.update({k: float(v) for k, v in (logs or {}).items()})
         self.rows.append(row)
 
 
 class StopAtStep(keras.callbacks.Callback):
-    """Stops training once the optimizer has taken `steps` steps."""
+    """Stops training once the model has taken `steps` steps
+    (`model_steps`)."""
 
     def __init__(self, steps):
         super().__init__()
         self.steps = steps
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.steps:
+        if model_steps(self.model) >= self.steps:
             self.model.stop_training = True
 
 
@@ -314,7 +333,7 @@ def privacy_settings(config, num_examples, accumulation_steps):
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                   callbacks=(), validate=True, max_steps=None, verbose=None,
-                  augment=None, measure=None):
+                  augment=None, measure=None, count_all_steps=False):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -337,6 +356,9 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         augment: with `config.augmult` = K > 0, `make_private`'s
             augmentation multiplicity: each example's gradient is the mean
             over K views made by `augment`, clipped once (ε is unchanged).
+        count_all_steps: resume a model_dir whose checkpoint and ledger
+            disagree, counting the steps of both
+            (`run_dir.begin_ledger`'s, --resume_counting_all_steps).
         measure: optional `f(model) -> dict` of more results, measured on
             the trained private model (e.g. `final_moments`'s statistics of
             the optimizer's state); stored with the results and in
@@ -361,23 +383,20 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                               diagnostics=diagnostics, callbacks=callbacks,
                               validate=validate, max_steps=max_steps,
                               verbose=verbose, augment=augment,
-                              measure=measure)
+                              measure=measure,
+                              count_all_steps=count_all_steps)
 
 
 def _train_private(model_fn, train, test, config, loss, *, diagnostics,
                    callbacks, validate, max_steps, verbose, augment,
-                   measure):
+                   measure, count_all_steps=False):
     """`train_private`, with its model_dir held (`run_dir_lib.hold`)."""
     keras.utils.set_random_seed(config.seed)
     model_dir = config.model_dir
     model = run_dir_lib.load_checkpoint(model_dir) if model_dir else None
     # A resumed run's batches continue the run's, never replay them.
-    done = 0 if model is None else int(model.optimizer.iterations.numpy())
-    try:
-        num_examples, steps, batches = poisson_plan(config, train,
-                                                    first_step=done)
-    except ValueError as error:
-        raise SettingsError(str(error)) from error
+    done = 0 if model is None else model_steps(model)
+    num_examples, steps, batches = _plan(config, train, done)
     if max_steps is not None:
         steps = min(steps, max_steps)
     k = batches.accumulation_steps
@@ -394,7 +413,11 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
         # Before any step: the settings of the run, and this process's
         # segment of its ledger.
         ledger = run_dir_lib.begin_ledger(
-            model_dir, privacy_settings(config, num_examples, k), model)
+            model_dir, privacy_settings(config, num_examples, k), model,
+            count_all_steps=count_all_steps)
+        if model_steps(model) != done:  # With the steps a kill lost.
+            done = model_steps(model)
+            batches = _plan(config, train, done)[2]
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
         accountant=ACCOUNTANT,
@@ -434,17 +457,11 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
     # With config.ema: the average in the model, as Keras' fit leaves it.
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
-    steps_done = int(model.optimizer.iterations.numpy())
+    steps_done = model_steps(model)
     if ledger is None:
         epsilon = common.spent_epsilon(config, steps_done, num_examples)
-    else:
-        # The steps in the model, each segment with the settings it ran.
-        ledger.record(steps_done)
+    else:  # Every step of the run, each with the mechanism it ran.
         epsilon = ledger.epsilon()
-        if ledger.steps() != steps_done:
-            raise RuntimeError(
-                f"The ledger of {model_dir} counts {ledger.steps()} steps,"
-                f" the model {steps_done}.")
     results = {
         "config": dataclasses.asdict(config),
         "num_examples": num_examples,
@@ -460,7 +477,7 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
     if measure is not None:
         results.update(measure(model))
     if ledger is not None:
-        results["ledger"] = ledger.segments
+        results["ledger"] = model.privacy_ledger.to_json()
         runs.write_json(os.path.join(model_dir, runs.METRICS), results)
     return model, batches, results
 
@@ -475,7 +492,7 @@ def fit_private(model_fn, train, test, config, loss, on_trained=None,
             model (the checkpoint's, after a resume; with `config.ema`
             holding the averaged weights) before returning.
         **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`,
-            `augment`, `measure`.
+            `augment`, `measure`, `count_all_steps`.
     """
     model, _, results = train_private(model_fn, train, test, config, loss,
                                       **kwargs)

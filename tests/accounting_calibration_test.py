@@ -3,12 +3,17 @@
 import contextlib
 import io
 import re
+import resource
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from tf_dpadam import accounting
+from tf_dpadam.accounting import calibration
 from tf_dpadam.accounting import epsilon as accounting_epsilon
+from tf_dpadam.accounting import passes
+from tf_dpadam.accounting import pld
 
 DELTA = 1e-5
 
@@ -129,6 +134,135 @@ class CalibrateNoiseMultiplierTest(parameterized.TestCase):
             accounting.calibrate_noise_multiplier(epochs=60, **common),
             accounting.calibrate_noise_multiplier(steps=14063, **common),
         )
+
+# The issue's setting (q = 256/60000, sigma = 6), where calibrate_steps ran
+# for minutes and epsilon of a huge T for GBs.
+MNIST_SIGMA_6 = dict(num_examples=60000, batch_size=256, noise_multiplier=6)
+# The requirement: nothing runs longer, or grows the process more.
+MAX_SECONDS = 10.0
+MAX_GROWTH_KB = 1 << 20  # 1 GB in ru_maxrss units (KB on Linux).
+
+
+@contextlib.contextmanager
+def _bounded(test):
+    """Fails `test` if the block takes >= 10 s or grows the peak memory
+    of the process by >= 1 GB."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    yield
+    seconds = time.monotonic() - start
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    test.assertLess(seconds, MAX_SECONDS)
+    test.assertLess(growth, MAX_GROWTH_KB)
+
+
+class BoundedTest(parameterized.TestCase):
+    """Every input answers within seconds: caps on T and on PLD's size."""
+
+    def test_the_issues_budget_is_a_quick_error(self):
+        # epsilon(10**7 steps) = 13.9 <= 50: more than the cap allows.
+        for accountant in ("pld", "rdp"):
+            with _bounded(self), self.assertRaisesRegex(
+                    ValueError, r"target_epsilon=50 allows 10,000,000"
+                    r" steps or more \(epsilon after 10,000,000 steps is"
+                    r" 1\d\.\d+ with noise_multiplier=6"):
+                accounting.calibrate_steps(target_epsilon=50, delta=DELTA,
+                                           accountant=accountant,
+                                           **MNIST_SIGMA_6)
+
+    @parameterized.parameters(13.0, 3.0)
+    def test_brackets_exactly_near_the_cap(self, target):
+        # About 9 million and 760,000 steps: PLD probed near the answer.
+        with _bounded(self):
+            steps = accounting.calibrate_steps(target_epsilon=target,
+                                               delta=DELTA, **MNIST_SIGMA_6)
+        self.assertLess(steps, calibration.MAX_CALIBRATED_STEPS)
+        eps = _eps(steps, "pld", **MNIST_SIGMA_6)
+        self.assertLessEqual(eps, target)
+        self.assertGreater(_eps(steps + 1, "pld", **MNIST_SIGMA_6), target)
+
+    def test_pld_steps_past_its_limit_is_an_error_not_a_stall(self):
+        # q = 1, sigma = 1: 1,000 steps would be 533,000 points; the answer
+        # below that is found, one past it cannot be checked.
+        full = dict(num_examples=100, batch_size=100, noise_multiplier=1.0)
+        with _bounded(self):
+            steps = accounting.calibrate_steps(target_epsilon=500,
+                                               delta=DELTA, **full)
+        self.assertLessEqual(_eps(steps, "pld", **full), 500)
+        self.assertGreater(_eps(steps + 1, "pld", **full), 500)
+        with _bounded(self), self.assertRaisesRegex(
+                pld.PLDTooLargeError,
+                r"target_epsilon=1000.0 allows more than the \d+ steps that"
+                r" the PLD accountant can account"):
+            accounting.calibrate_steps(target_epsilon=1000.0, delta=DELTA,
+                                       **full)
+
+    @parameterized.named_parameters(
+        ("tiny_target", dict(target_epsilon=1e-4, steps=1000), None),
+        ("huge_target", dict(target_epsilon=1e9, epochs=60),
+         "the smallest that the PLD accountant accounts|cannot account"),
+        ("huge_steps", dict(target_epsilon=8.0, steps=10**9),
+         "cannot account"),
+        ("huge_epochs", dict(target_epsilon=8.0, epochs=1e9),
+         "cannot account"),
+        ("one_step_of_large_epsilon", dict(target_epsilon=30.0, steps=1),
+         "the smallest that the PLD accountant accounts"),
+    )
+    def test_noise_multiplier_extremes(self, kwargs, message):
+        setting = dict(num_examples=60000, batch_size=256, delta=DELTA)
+        for accountant in ("pld", "rdp"):
+            with _bounded(self):
+                if message is None or accountant == "rdp":
+                    sigma = accounting.calibrate_noise_multiplier(
+                        accountant=accountant, **setting, **kwargs)
+                    self.assertBetween(sigma, 1e-3, 1e6)
+                    continue
+                with self.assertRaisesRegex(
+                        pld.PLDTooLargeError, message):
+                    accounting.calibrate_noise_multiplier(
+                        accountant=accountant, **setting, **kwargs)
+
+    def test_noise_multiplier_out_of_range_still_raises(self):
+        # Even sigma = 1e6 gives RDP epsilon 0.0035 for 1000 full batches.
+        with self.assertRaisesRegex(ValueError, "needs noise_multiplier >"):
+            accounting.calibrate_noise_multiplier(
+                target_epsilon=1e-3, num_examples=100, batch_size=100,
+                steps=1000, delta=DELTA, accountant="rdp")
+        with self.assertRaisesRegex(ValueError, "is met by every"):
+            accounting.calibrate_noise_multiplier(
+                target_epsilon=1e12, num_examples=60000, batch_size=256,
+                steps=1, delta=DELTA, accountant="rdp")
+
+    def test_shuffled_batches_are_bounded_too(self):
+        setting = dict(num_examples=60000, batch_size=256, delta=DELTA,
+                       sampling="shuffled")
+        with _bounded(self), self.assertRaisesRegex(
+                pld.PLDTooLargeError,
+                "allows more participations of an example"):
+            accounting.calibrate_steps(target_epsilon=1000.0,
+                                       noise_multiplier=1.0, **setting)
+        with _bounded(self), self.assertRaisesRegex(
+                ValueError, "allows 10,000,000 steps or more"):
+            accounting.calibrate_steps(target_epsilon=1000.0,
+                                       noise_multiplier=30.0,
+                                       accountant="rdp", **setting)
+
+    @parameterized.parameters("rdp", "pld")
+    def test_max_steps_without_amplification_is_the_largest(self, accountant):
+        # Against a linear scan of the passes (cheap: 5 to 60 of them).
+        for target, k in ((3.0, 1), (8.0, 3), (20.0, 2)):
+            kwargs = dict(noise_multiplier=1.0, delta=DELTA,
+                          batches_per_pass=10, accumulation_steps=k,
+                          accountant=accountant)
+            steps = passes.max_steps_without_amplification(
+                target_epsilon=target, **kwargs)
+            self.assertLessEqual(passes.epsilon_without_amplification(
+                steps=steps, **kwargs), target)
+            self.assertGreater(passes.epsilon_without_amplification(
+                steps=steps + 1, **kwargs), target)
+            self.assertEqual(passes.max_steps_without_amplification(
+                target_epsilon=target, limit=7, **kwargs), min(steps, 7))
+
 
 if __name__ == "__main__":
     absltest.main()

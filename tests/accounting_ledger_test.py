@@ -170,6 +170,25 @@ class MaxMoreStepsTest(parameterized.TestCase):
         self.assertEqual(spent.max_more_steps(mechanism, 1.0, DELTA), 0)
 
 
+class SizeLimitTest(absltest.TestCase):
+
+    def test_past_the_pld_limit_rdp_and_still_growing(self):
+        # 1 / sqrt(T) falls below the PLD's smallest multiplier (0.0667)
+        # between T = 224 and 225: the RDP's epsilon, larger, takes over.
+        mechanism = Mechanism.every_step(1.0)
+        below = _ledger((mechanism, 224)).epsilon(DELTA)
+        above = _ledger((mechanism, 225))
+        self.assertEqual(above.epsilon(DELTA), above.epsilon(DELTA, "rdp"))
+        self.assertGreater(above.epsilon(DELTA), below)
+        self.assertLess(above.epsilon(DELTA), math.inf)
+
+    def test_a_huge_budget_stops_at_the_cap(self):
+        mechanism = Mechanism.poisson(6.0, 60000, 256)
+        more = ledger_lib.Ledger().max_more_steps(mechanism, 50.0, DELTA,
+                                                  cap=10**6)
+        self.assertEqual(more, 10**6)
+
+
 class SerializationTest(absltest.TestCase):
 
     def test_round_trip_keeps_ids_and_epsilon(self):

@@ -61,15 +61,29 @@ def pld_epsilon(steps, num_examples, batch_size, sigma, delta):
     return accountant.get_epsilon(delta)
 
 
-def run(module, *flags, expect_rc=0):
-    """Runs `python -m examples.<module> flags`; returns (stdout, stderr)."""
+def run(module, *flags, expect_rc=0, python=("-m",)):
+    """Runs `python -m examples.<module> flags`; returns (stdout, stderr).
+
+    `python`: what comes before the module's name instead of "-m" (e.g.
+    `_WITHOUT_CALIBRATION`'s "-c", script)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", f"examples.{module}", *flags], cwd=ROOT,
+        [sys.executable, *python, f"examples.{module}", *flags], cwd=ROOT,
         env=env, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == expect_rc, (done.returncode,
                                           done.stderr[-3000:])
     return done.stdout, done.stderr
+
+
+# `run(..., python=_WITHOUT_CALIBRATION)` runs an example whose
+# `tf_dpadam.calibrate_steps` raises (a subprocess cannot be patched here).
+_WITHOUT_CALIBRATION = ("-c", """
+import runpy, sys, tf_dpadam
+def refuse(**kwargs):
+    raise RuntimeError("calibrate_steps was called")
+tf_dpadam.calibrate_steps = refuse
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+""")
 
 
 class StaticTest(absltest.TestCase):
@@ -132,6 +146,19 @@ class TrainImageTest(absltest.TestCase):
             steps=2, num_examples=4096, batch_size=256,
             noise_multiplier=0.52, delta=1e-5, accountant="pld"), delta=5e-4)
 
+    def test_max_steps_takes_them_without_calibrating(self):
+        # With --max_steps the binary takes that many steps and calibrates
+        # nothing (at a large --target_epsilon the calibration took
+        # minutes); PrivacyBudget still holds --target_epsilon.
+        flags = ("--max_examples=4096", "--eval_every=1")
+        stdout, _ = run("train_image", *flags, "--max_steps=2",
+                        python=_WITHOUT_CALIBRATION)
+        self.assertEqual(_result(self, stdout)[0], 2)
+        # Without it the binary calibrates: the patch takes effect.
+        _, stderr = run("train_image", *flags, expect_rc=1,
+                        python=_WITHOUT_CALIBRATION)
+        self.assertIn("RuntimeError: calibrate_steps was called", stderr)
+
     def test_model_dir_resumes_and_refuses_other_privacy_settings(self):
         model_dir = tempfile.mkdtemp()
         common = ("--max_examples=4096", f"--model_dir={model_dir}",
@@ -144,8 +171,10 @@ class TrainImageTest(absltest.TestCase):
                                delta=5e-4)
         with open(os.path.join(model_dir, "ledger.json")) as f:
             ledger = json.load(f)
-        self.assertEqual([(s["first_step"], s["steps"])
-                          for s in ledger["segments"]], [(0, 1), (1, 1)])
+        # One segment per process, as of the last checkpoint.
+        self.assertEqual([s["steps"] for s in ledger["ledger"]["segments"]],
+                         [1, 1])
+        self.assertEqual(ledger["reserved_steps"], 2)
         self.assertEqual(ledger["settings"]["optimizer"], "dpsgd")
         _, stderr = run("train_image", *common, "--max_steps=3",
                         "--noise_multiplier=0.6", expect_rc=2)

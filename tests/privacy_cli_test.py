@@ -6,8 +6,10 @@ documents), is a shim that must keep working too.
 
 import os
 import re
+import resource
 import subprocess
 import sys
+import time
 
 import pytest
 from absl import app
@@ -218,6 +220,57 @@ class ReportTest(parameterized.TestCase):
     def test_invalid_combinations(self, kwargs, message):
         with self.assertRaisesRegex(ValueError, re.escape(message)):
             privacy_cli.report(**kwargs)
+
+
+class BoundedTest(parameterized.TestCase):
+    """Every flag combination answers within seconds (the issue's
+    --epochs=1e9 grew to 23.5 GB)."""
+
+    def _report(self, **kwargs):
+        """`report` of the issue's setting; fails if it takes >= 10 s or
+        grows the process's peak memory by >= 1 GB."""
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.monotonic()
+        try:
+            return privacy_cli.report(num_examples=60000, batch_size=256,
+                                      delta=DELTA, **kwargs)
+        finally:
+            self.assertLess(time.monotonic() - start, 10.0)
+            growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self.assertLess(growth - before, 1 << 20)  # KB.
+
+    def test_huge_epochs_give_rdp_and_say_pld_is_not_computed(self):
+        text = self._report(noise_multiplier=6.0, epochs=1e9)
+        self.assertIn("= 234375000000 steps", text)
+        self.assertRegex(text, r"epsilon = \S+ \(RDP accountant")
+        self.assertIn("epsilon not computed by the PLD accountant", text)
+        self.assertIn("after 234375000000 steps epsilon = 6.995e+04 (RDP),"
+                      " nan (PLD) at delta = 1e-05. PLD: not computed, over"
+                      " 524,288 points.", text)
+
+    def test_huge_steps_and_shuffled_batches(self):
+        text = self._report(noise_multiplier=6.0, steps=10**15,
+                            sampling="shuffled")
+        self.assertIn("nan (PLD)", text)
+
+    @parameterized.named_parameters(
+        ("steps_beyond_the_cap", dict(noise_multiplier=6.0,
+                                      target_epsilon=50.0),
+         "target_epsilon=50.0 allows 10,000,000 steps or more"),
+        ("the_same_with_a_statement", dict(noise_multiplier=6.0,
+                                           target_epsilon=50.0, epochs=1e9),
+         "allows 10,000,000 steps or more"),
+        ("noise_for_huge_epochs", dict(target_epsilon=8.0, epochs=1e9),
+         "cannot account"),
+        ("noise_for_a_huge_target", dict(target_epsilon=1e9, epochs=60),
+         "PLD accountant"),
+        ("epochs_overflow", dict(noise_multiplier=1.0, epochs=1e305),
+         "epochs=1e+305 to give a finite number of steps"),
+    )
+    def test_one_line_errors(self, kwargs, message):
+        with self.assertRaisesRegex(ValueError, re.escape(message)) as error:
+            self._report(**kwargs)
+        self.assertNotIn("\n", str(error.exception))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 import fcntl
 import json
-import math
 import os
 import re
+import shutil
 import tempfile
 
 import dp_accounting
@@ -16,6 +16,7 @@ from absl.testing import parameterized
 
 import tf_dpadam
 from tf_dpadam import run_dir
+from tf_dpadam import run_ledger
 
 _SETTINGS = dict(noise_multiplier=1.0, l2_norm_clip=1.0, batch_size=16,
                  num_examples=64, optimizer="dpadam_corrected",
@@ -109,58 +110,192 @@ class SettingsTest(parameterized.TestCase):
             optimizer="dpadam_corrected", accumulation_steps=1))
 
 
+def _run_settings():
+    """The settings of `_tiny_private_model` fit on `_data()`."""
+    return _settings(physical_batch_size=None, accumulation_steps=1)
+
+
+def _train(model_dir, steps, model=None, callbacks=(), **kwargs):
+    """Trains `steps` more steps in `model_dir` (one epoch each, a
+    checkpoint after each) in a held folder; the model."""
+    x, y = _data()
+    with run_dir.hold(model_dir):
+        model = (model or run_dir.load_checkpoint(model_dir)
+                 or _tiny_private_model())
+        ledger = run_dir.begin_ledger(model_dir, _run_settings(), model,
+                                      **kwargs)
+        done = model.privacy_ledger.steps
+        model.fit(x, y, steps_per_epoch=1, epochs=done + steps,
+                  initial_epoch=done, verbose=0,
+                  callbacks=[run_dir.AtomicCheckpoint(model_dir, ledger),
+                             *callbacks])
+    return model, ledger
+
+
+def _record(model_dir):
+    return run_dir.read_json(os.path.join(model_dir, run_dir.LEDGER))
+
+
 class LedgerTest(absltest.TestCase):
+    """A run's ledger.json beside its checkpoints (issue 49)."""
 
-    def test_resumed_segments_cut_the_steps_past_the_checkpoint(self):
-        segments = [dict(first_step=0, steps=5), dict(first_step=5, steps=4),
-                    dict(first_step=9, steps=3)]
-        # The checkpoint holds 7 steps: the second segment ends at 7, the
-        # third (steps 10-12, lost with its process) is dropped.
-        self.assertEqual(run_dir.resumed_segments(segments, 7),
-                         [dict(first_step=0, steps=5),
-                          dict(first_step=5, steps=2)])
-        self.assertEqual(run_dir.resumed_segments(segments, 0), [])
-        self.assertEqual(segments[1]["steps"], 4)  # Not modified.
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.base = tempfile.mkdtemp()
+        _train(cls.base, 3)  # 3 steps, a checkpoint after each.
+        cls.other_run = tempfile.mkdtemp()
+        _train(cls.other_run, 2)  # Another run of the same settings.
 
-    def test_epsilon_is_the_composition_of_all_segments(self):
-        settings = _settings()
-        segments = [dict(first_step=0, steps=30, settings=settings),
-                    dict(first_step=30, steps=20,
-                         settings=dict(settings, accountant="pld"))]
-        self.assertAlmostEqual(run_dir.ledger_epsilon(segments),
-                               _pld_epsilon(50, 16 / 64, 1.0, 1e-5),
-                               places=6)
-        self.assertEqual(run_dir.ledger_epsilon([]), 0.0)
-        silent = [dict(first_step=0, steps=3,
-                       settings=_settings(noise_multiplier=0.0))]
-        self.assertEqual(run_dir.ledger_epsilon(silent), math.inf)
-        mixed = segments[:1] + [dict(first_step=30, steps=1,
-                                     settings=_settings(batch_size=8))]
-        with self.assertRaisesRegex(ValueError, "other settings"):
-            run_dir.ledger_epsilon(mixed)
+    def copy(self, run=None):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        shutil.copytree(run or self.base, model_dir)
+        return model_dir
 
-    def test_begin_record_and_read_back(self):
-        model_dir = tempfile.mkdtemp()
-        ledger = run_dir.RunLedger(model_dir)
-        self.assertIsNone(ledger.settings)
-        ledger.begin(_settings(), 0)
-        ledger.record(3)
-        again = run_dir.RunLedger(model_dir)
-        self.assertEqual(again.settings, _settings())
-        self.assertEqual([(s["first_step"], s["steps"])
-                          for s in again.segments], [(0, 3)])
-        # A second process resumes a checkpoint of 2 steps (the third was
-        # lost): its segment begins at 2.
-        again.begin(_settings(), 2)
-        again.record(6)
-        self.assertEqual([(s["first_step"], s["steps"])
-                          for s in run_dir.RunLedger(model_dir).segments],
-                         [(0, 2), (2, 4)])
-        self.assertEqual(again.steps(), 6)
-        self.assertAlmostEqual(again.epsilon(),
-                               _pld_epsilon(6, 16 / 64, 1.0, 1e-5), places=6)
+    def resume(self, model_dir, **kwargs):
+        """`begin_ledger` of the checkpoint (or a new model); the model."""
+        model = run_dir.load_checkpoint(model_dir) or _tiny_private_model()
+        run_dir.begin_ledger(model_dir, _run_settings(), model, **kwargs)
+        return model
+
+    def assert_refused(self, model_dir, message):
+        before = sorted(os.listdir(model_dir))
+        record = _record(model_dir)
+        with self.assertRaisesRegex(run_dir.SettingsError, message) as error:
+            self.resume(model_dir)
+        self.assertNotIn("\n", str(error.exception))
+        self.assertIn(run_ledger.COUNT_ALL_FLAG, str(error.exception))
+        self.assertEqual(sorted(os.listdir(model_dir)), before)
+        self.assertEqual(_record(model_dir), record)  # Nothing written.
+
+    def test_the_record_is_the_checkpoints_ledger(self):
+        record = _record(self.base)
+        model = run_dir.load_checkpoint(self.base)
+        self.assertEqual(record["ledger"], model.privacy_ledger.to_json())
+        self.assertEqual((record["checkpoint_steps"],
+                          record["reserved_steps"]), (3, 3))
+        self.assertEqual(record["settings"], _run_settings())
         self.assertEqual(
-            [n for n in os.listdir(model_dir) if "partial" in n], [])
+            [n for n in os.listdir(self.base) if "partial" in n], [])
+
+    def test_a_resume_of_agreeing_files_adds_nothing(self):
+        model_dir = self.copy()
+        model = self.resume(model_dir)
+        self.assertEqual(model.privacy_ledger,
+                         run_dir.load_checkpoint(self.base).privacy_ledger)
+
+    def test_steps_reserved_after_the_checkpoint_are_counted(self):
+        # A process killed 2 steps after its last checkpoint.
+        model_dir = self.copy()
+        record = _record(model_dir)
+        record["reserved_steps"] = 5
+        run_dir.write_json(os.path.join(model_dir, run_dir.LEDGER), record)
+        model, ledger = _train(model_dir, 1)
+        self.assertEqual(model.privacy_ledger.steps, 6)
+        self.assertEqual(int(model.optimizer.iterations), 4)
+        self.assertEqual(model.privacy_ledger.segments[-2].mechanism.source,
+                         run_ledger.ABANDONED)
+        self.assertAlmostEqual(ledger.epsilon(),
+                               _pld_epsilon(6, 16 / 64, 1.0, 1e-5), places=6)
+        self.assertEqual(_record(model_dir)["ledger"],
+                         model.privacy_ledger.to_json())
+
+    def test_every_step_is_reserved_before_it_runs(self):
+        model_dir = tempfile.mkdtemp()
+        seen = []
+
+        class Check(keras.callbacks.Callback):
+
+            def on_train_batch_begin(self, batch, logs=None):
+                reserved = _record(model_dir)["reserved_steps"]
+                seen.append(reserved)
+                assert reserved > self.model.privacy_ledger.steps, reserved
+
+        x, y = _data()
+        with run_dir.hold(model_dir):
+            model = _tiny_private_model()
+            ledger = run_dir.begin_ledger(model_dir, _run_settings(), model)
+            model.fit(x, y, steps_per_epoch=13, verbose=0, callbacks=[
+                run_dir.AtomicCheckpoint(model_dir, ledger), Check()])
+        chunk = run_ledger.RESERVE_STEPS
+        self.assertEqual(sorted(set(seen)), [chunk, 13])  # Two writes.
+        self.assertEqual(_record(model_dir)["reserved_steps"], 13)
+
+    def test_a_ledger_of_another_run_is_refused(self):
+        model_dir = self.copy()
+        shutil.copy(os.path.join(self.other_run, run_dir.LEDGER), model_dir)
+        self.assert_refused(
+            model_dir, r"^\S+/checkpoint.keras and \S+/ledger.json disagree:"
+            r" the checkpoint's privacy ledger \(3 steps in 1 segment\) is"
+            r" not the one the ledger records \(2 steps in 1 segment\)")
+        model = self.resume(model_dir, count_all_steps=True)
+        self.assertEqual(model.privacy_ledger.steps, 5)  # Both runs'.
+        self.assertAlmostEqual(model.spent_epsilon(1e-5),
+                               _pld_epsilon(5, 16 / 64, 1.0, 1e-5), places=6)
+
+    def test_a_checkpoint_without_its_ledger_is_refused(self):
+        model_dir = self.copy()
+        os.remove(os.path.join(model_dir, run_dir.LEDGER))
+        self.assert_refused(model_dir, r"^\S+/checkpoint.keras holds 3 steps"
+                            r" but \S+/ledger.json is missing")
+        self.assertEqual(
+            self.resume(model_dir, count_all_steps=True).privacy_ledger.steps,
+            3)
+
+    def test_a_ledger_without_its_checkpoints_is_refused(self):
+        model_dir = self.copy()
+        for name in (run_dir.CHECKPOINT, run_dir.PREVIOUS_CHECKPOINT):
+            os.remove(os.path.join(model_dir, name))
+        self.assert_refused(model_dir, r"^\S+/ledger.json records a checkpoint"
+                            r" of 3 steps but \S+/checkpoint.keras is missing")
+        # A new model, which has spent the run's steps.
+        model, _ = _train(model_dir, 1, count_all_steps=True)
+        self.assertEqual(model.privacy_ledger.steps, 4)
+        self.assertEqual(int(model.optimizer.iterations), 1)
+
+    def test_a_checkpoint_saved_before_the_ledger_is_refused(self):
+        model_dir = self.copy()
+        # As a file of a tf_dpadam before the ledger loads: 3 steps of its
+        # optimizer, none in its ledger.
+        model = _tiny_private_model()
+        model.optimizer.iterations.assign(3)
+        with self.assertRaisesRegex(
+                run_dir.SettingsError,
+                r"^\S+/checkpoint.keras carries no privacy ledger \(saved"
+                r" before tf_dpadam kept one\): its 3 steps"):
+            run_dir.begin_ledger(model_dir, _run_settings(), model)
+        run_dir.begin_ledger(model_dir, _run_settings(), model,
+                             count_all_steps=True)
+        # ledger.json's 3 steps; the optimizer's are the same steps.
+        self.assertEqual(model.privacy_ledger.steps, 3)
+        self.assertEqual(_record(model_dir)["ledger"],
+                         model.privacy_ledger.to_json())
+
+    def test_a_killed_first_process_is_counted_not_refused(self):
+        model_dir = tempfile.mkdtemp()
+        with run_dir.hold(model_dir):
+            ledger = run_dir.begin_ledger(model_dir, _run_settings(),
+                                          _tiny_private_model())
+            ledger.reserve(1, 4)  # Then killed before its checkpoint.
+        model, _ = _train(model_dir, 1)
+        self.assertEqual(model.privacy_ledger.steps, 5)
+
+    def test_the_checkpoints_settings_are_checked_too(self):
+        model_dir = self.copy()
+        os.remove(os.path.join(model_dir, run_dir.LEDGER))
+        model = run_dir.load_checkpoint(model_dir)
+        for settings, message in (
+                (_settings(accumulation_steps=1, batch_size=8),
+                 "^--batch_size: the run in .* was trained with 16, got 8"),
+                (_settings(accumulation_steps=1, physical_batch_size=None,
+                           num_examples=48),
+                 r"^--max_examples \(N\): the run in .* was trained with 64,"
+                 " got 48")):
+            with self.assertRaisesRegex(run_dir.SettingsError, message):
+                run_dir.begin_ledger(model_dir, settings, model,
+                                     count_all_steps=True)
+        self.assertFalse(os.path.exists(os.path.join(model_dir,
+                                                     run_dir.LEDGER)))
 
     def test_a_damaged_ledger_is_refused(self):
         model_dir = tempfile.mkdtemp()
@@ -169,24 +304,18 @@ class LedgerTest(absltest.TestCase):
         with self.assertRaisesRegex(run_dir.SettingsError, "is damaged"):
             run_dir.RunLedger(model_dir)
 
-    def test_begin_ledger_refuses_before_writing(self):
-        model_dir = tempfile.mkdtemp()
-        run_dir.begin_ledger(model_dir, _settings())
+    def test_begin_ledger_refuses_other_settings_before_writing(self):
+        model_dir = self.copy()
         path = os.path.join(model_dir, run_dir.LEDGER)
         with open(path) as f:
             before = f.read()
         with self.assertRaisesRegex(run_dir.SettingsError, "^--delta: "):
-            run_dir.begin_ledger(model_dir, _settings(delta=1e-6))
+            run_dir.begin_ledger(
+                model_dir, _settings(physical_batch_size=None,
+                                     accumulation_steps=1, delta=1e-6),
+                run_dir.load_checkpoint(model_dir))
         with open(path) as f:
             self.assertEqual(f.read(), before)
-
-    def test_a_checkpoint_without_ledger_is_checked_by_its_optimizer(self):
-        model = _tiny_private_model(batch_size=32)
-        with self.assertRaisesRegex(
-                run_dir.SettingsError,
-                "^--batch_size: the run in .* was trained with 32, got 16"):
-            run_dir.begin_ledger(tempfile.mkdtemp(),
-                                 _settings(accumulation_steps=1), model)
 
 
 class FolderTest(absltest.TestCase):
@@ -228,7 +357,8 @@ class FolderTest(absltest.TestCase):
 
     def test_hold_removes_what_a_killed_writer_left(self):
         model_dir = tempfile.mkdtemp()
-        for name in ("checkpoint.123.partial.keras", "checkpoint.prev.9.partial"):
+        for name in ("checkpoint.123.partial.keras", "checkpoint.prev.9.partial",
+                     "ledger.json.77.partial"):
             open(os.path.join(model_dir, name), "w").close()
         with run_dir.hold(model_dir):
             self.assertEqual(os.listdir(model_dir), [run_dir.TRAIN_LOCK])
@@ -268,23 +398,14 @@ class CheckpointTest(absltest.TestCase):
     @pytest.mark.slow
     def test_atomic_checkpoints_and_the_ledger_over_a_resume(self):
         model_dir = tempfile.mkdtemp()
-        x, y = _data()
-        settings = _settings(physical_batch_size=None, accumulation_steps=1)
-        for steps in (2, 5):  # A run of 2 steps, resumed to 5.
-            with run_dir.hold(model_dir):
-                model = (run_dir.load_checkpoint(model_dir)
-                         or _tiny_private_model())
-                ledger = run_dir.begin_ledger(model_dir, settings, model)
-                done = int(model.optimizer.iterations.numpy())
-                model.fit(x, y, steps_per_epoch=1, epochs=steps,
-                          initial_epoch=done, verbose=0,
-                          callbacks=[run_dir.AtomicCheckpoint(model_dir,
-                                                              ledger)])
+        _train(model_dir, 2)  # A run of 2 steps, resumed to 5.
+        _, ledger = _train(model_dir, 3)
         saved = run_dir.load_checkpoint(model_dir)
         self.assertEqual(int(saved.optimizer.iterations.numpy()), 5)
-        ledger = run_dir.RunLedger(model_dir)
-        self.assertEqual([(s["first_step"], s["steps"])
-                          for s in ledger.segments], [(0, 2), (2, 3)])
+        self.assertEqual([s.steps for s in saved.privacy_ledger.segments],
+                         [2, 3])
+        self.assertEqual(_record(model_dir)["ledger"],
+                         saved.privacy_ledger.to_json())
         self.assertAlmostEqual(ledger.epsilon(),
                                _pld_epsilon(5, 16 / 64, 1.0, 1e-5), places=6)
 

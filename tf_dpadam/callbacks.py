@@ -52,8 +52,9 @@ class PrivacyBudget(keras.callbacks.Callback):
     sigma = 1 down to 0.3; more for a ledger of several mechanisms), so in
     a fit of more than `pld_log_every` (100)
     batches it is computed at a batch end only at multiples of
-    `pld_log_every` steps; between them the batch logs show the epsilon of
-    the next multiple (or of `max_steps`), an upper bound, since epsilon
+    `pld_log_every` steps (past 2,000 steps, of the largest multiple of it
+    within 5% of the steps); between them the batch logs show the epsilon
+    of the next multiple (or of `max_steps`), an upper bound, since epsilon
     grows with T. The stop at `target_epsilon` does not depend on it (see
     below). If delta >= 1/N for a known N it warns once
     (`tf_dpadam.validation.LargeDeltaWarning`, a `UserWarning`).
@@ -222,25 +223,27 @@ class PrivacyBudget(keras.callbacks.Callback):
     def _mechanism(self):
         return self._ledger_model().ledger_mechanism()
 
-    def _batch_epsilon(self):
+    def _batch_epsilon(self, ledger):
         """The epsilon logged at a batch end: exact, except with PLD in a
-        fit of more than `pld_log_every` batches,
-        between multiples of `pld_log_every`, where it is the epsilon of
-        the ledger with the running mechanism's steps up to the next
-        multiple (or to `max_steps`), an upper bound."""
-        ledger = self._ledger()
+        fit of more than `pld_log_every` batches, where it is exact at
+        multiples of `every` steps of the ledger and between them the
+        epsilon of the ledger with the running mechanism's steps up to the
+        next multiple (or to `max_steps`), an upper bound. `every` is
+        `pld_log_every`, or the largest multiple of it within 5% of the
+        steps taken (500 at 10,000 steps), so that the exact epsilons,
+        whose cost grows with the steps, stay a small share of a step."""
         every = self.pld_log_every
         params = self.params or {}
         batches = (params.get("steps") or math.inf) * (params.get("epochs")
                                                        or 1)
-        mechanism = self._mechanism()
         if self.accountant != "pld" or batches <= every:
             return ledger.epsilon(self.delta, self.accountant)
         steps = ledger.steps
+        every *= max(1, steps // (20 * every))
         ahead = -(-steps // every) * every
         if self.max_steps is not None and steps <= self.max_steps:
             ahead = min(ahead, self.max_steps)
-        return ledger.with_steps(mechanism, ahead - steps).epsilon(
+        return ledger.with_steps(self._mechanism(), ahead - steps).epsilon(
             self.delta, self.accountant)
 
     def _update_epsilon(self):
@@ -359,10 +362,11 @@ class PrivacyBudget(keras.callbacks.Callback):
             self._refuse_if_spent(steps)
 
     def on_train_batch_end(self, batch, logs=None):
-        steps = self._steps_taken()
+        ledger = self._ledger()
+        steps = ledger.steps
         self._budgeted_steps = steps
         if logs is not None:
-            self.epsilon = self._batch_epsilon()
+            self.epsilon = self._batch_epsilon(ledger)
             logs["epsilon"] = self.epsilon
         if self.max_steps is not None and steps >= self.max_steps:
             self.model.stop_training = True

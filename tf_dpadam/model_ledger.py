@@ -161,6 +161,19 @@ class LedgerMixin:
         `train_on_batch`, save / load, `clone_model` and checkpoints)."""
         return self._model_ledger.ledger
 
+    def add_to_privacy_ledger(self, ledger):
+        """Composes `ledger` (a `Ledger`) into the model's, as loading a
+        weights store does: segments it shares keep their larger count,
+        the others are added. For steps the model's weights do not show
+        but that were taken (a run's steps after its last checkpoint)."""
+        self._model_ledger.restore(ledger)
+
+    @property
+    def loaded_without_ledger(self):
+        """Whether a weights store without a privacy ledger (saved before
+        tf_dpadam kept one) was loaded into this model."""
+        return self._model_ledger.loaded_without_ledger
+
     def spent_epsilon(self, delta, accountant="pld"):
         """Epsilon at `delta` of every step in `privacy_ledger`."""
         return self.privacy_ledger.epsilon(delta, accountant)

@@ -47,6 +47,7 @@ from absl import flags
 
 from tf_dpadam import accounting
 from tf_dpadam import validation
+from tf_dpadam.accounting import pld
 # The command-line plumbing, also used by the example binaries through
 # this module (`privacy_cli.run`, `privacy_cli.register_check`).
 from tf_dpadam.command_line import USAGE_ERROR_EXIT_CODE
@@ -157,15 +158,19 @@ def _sampling_words(sampling, num_examples, batch_size):
 
 def _epsilon(*, steps, num_examples, batch_size, noise_multiplier, delta,
              accountant, sampling):
-    """Epsilon of T steps under `sampling`."""
-    if sampling == "shuffled":
-        return accounting.epsilon_without_amplification(
-            steps=steps, noise_multiplier=noise_multiplier, delta=delta,
-            batches_per_pass=math.ceil(num_examples / batch_size),
+    """Epsilon of T steps under `sampling` (nan: too large for PLD)."""
+    try:
+        if sampling == "shuffled":
+            return accounting.epsilon_without_amplification(
+                steps=steps, noise_multiplier=noise_multiplier, delta=delta,
+                batches_per_pass=math.ceil(num_examples / batch_size),
+                accountant=accountant)
+        return accounting.epsilon_after_steps(
+            steps=steps, num_examples=num_examples, batch_size=batch_size,
+            noise_multiplier=noise_multiplier, delta=delta,
             accountant=accountant)
-    return accounting.epsilon_after_steps(
-        steps=steps, num_examples=num_examples, batch_size=batch_size,
-        noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
+    except pld.PLDTooLargeError:  # E.g. --epochs=1e9; RDP's is finite.
+        return math.nan
 
 
 def sampling_report(*, num_examples, batch_size, noise_multiplier, delta,
@@ -179,12 +184,14 @@ def sampling_report(*, num_examples, batch_size, noise_multiplier, delta,
     lines = []
     for which, title in ((sampling, "Assumed sampling"),
                          (other, "For comparison")):
-        rdp, pld = (_epsilon(accountant=a, sampling=which, **setting)
-                    for a in ("rdp", "pld"))
+        rdp, by_pld = (_epsilon(accountant=a, sampling=which, **setting)
+                       for a in ("rdp", "pld"))
         lines.append(
             f"{title}: {_sampling_words(which, num_examples, batch_size)}:"
-            f" after {steps} steps epsilon = {rdp:.4g} (RDP), {pld:.4g} (PLD)"
-            f" at delta = {delta:g}.")
+            f" after {steps} steps epsilon = {rdp:.4g} (RDP),"
+            f" {by_pld:.4g} (PLD) at delta = {delta:g}."
+            + (f" PLD: not computed, over {pld.MAX_PLD_POINTS:,} points."
+               if math.isnan(by_pld) else ""))
     if sampling == "poisson":
         lines.append(
             "Poisson sampling is what tf_dpadam's Poisson batches (and a"
@@ -383,7 +390,7 @@ def main(argv):
             max_examples_per_user=f.max_examples_per_user,
             sampling=f.sampling,
         )
-    except ValueError as error:
+    except (ValueError, OverflowError) as error:  # Overflow: --steps=1e400.
         raise app.UsageError(str(error)) from error
     print(text)
 

@@ -9,13 +9,19 @@ must neither lose its checkpoint nor misstate its epsilon:
 * `save_checkpoint` writes a temporary file and renames it over
   `CHECKPOINT`, keeping the one before as `PREVIOUS_CHECKPOINT`, so a kill
   at any moment leaves one that loads; `load_checkpoint` names a damaged
-  one in a warning and uses the earlier one. `AtomicCheckpoint` saves at
-  every Keras epoch's end.
-* `RunLedger` (`LEDGER`, JSON) records the run's `privacy_settings` (sigma,
-  C, B, N, optimizer, physical batch, delta) and the steps of every process
-  that trained it; `begin_ledger` refuses a resume whose privacy settings
-  changed (one line naming the flags, `PRIVACY_SETTINGS`), and
-  `RunLedger.epsilon` accounts the steps in the checkpoint.
+  one in a warning and uses the earlier one. Every checkpoint carries the
+  model's privacy ledger (`tf_dpadam.model_ledger`).
+* `RunLedger` (`LEDGER`, JSON: a `tf_dpadam.run_ledger.Record`) records the
+  run's `privacy_settings` (sigma, C, B, N, optimizer, physical batch,
+  delta), the model's ledger at its last checkpoint and the steps reserved
+  before they run. `begin_ledger` refuses a resume whose privacy settings
+  changed (one line naming the flags, `PRIVACY_SETTINGS`) or whose files
+  disagree (`run_ledger.problem`: a ledger of another run, a checkpoint or
+  a ledger missing; `count_all_steps` resumes anyway, counting the steps of
+  both), and adds to the model the steps its checkpoint lacks (a killed
+  process's steps after its last checkpoint). `AtomicCheckpoint` reserves
+  steps before they run and checkpoints at every epoch's end, and
+  `RunLedger.epsilon` is the model's: the composition of every step taken.
 
 A typical loop::
 
@@ -27,18 +33,17 @@ A typical loop::
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import json
-import math
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from absl import logging
 import keras
 
-from tf_dpadam import accounting
+from tf_dpadam import run_ledger
 
 # What a run folder holds.
 CHECKPOINT = "checkpoint.keras"
@@ -46,34 +51,16 @@ PREVIOUS_CHECKPOINT = "checkpoint.prev.keras"
 LEDGER = "ledger.json"
 TRAIN_LOCK = "train.lock"
 
-ACCOUNTANT = "pld"  # What a ledger records by default: the tighter.
-
-# The settings a run's privacy (its epsilon) depends on, each with the flag
-# that sets it (None: fixed by the loop). A resume must keep them all.
-PRIVACY_SETTINGS = {
-    "noise_multiplier": "--noise_multiplier", "l2_norm_clip": "--l2_norm_clip",
-    "batch_size": "--batch_size", "num_examples": "--max_examples (N)",
-    "optimizer": "--optimizer",
-    "physical_batch_size": "--physical_batch_size", "sampling": None,
-    "delta": "--delta",
-}
-# Settings that follow from those (compared only if those agree, e.g. with a
-# checkpoint from before the ledger, which knows k but not the physical
-# batch size).
-DERIVED_SETTINGS = {"accumulation_steps": "accumulation steps (--batch_size /"
-                                          " --physical_batch_size)"}
-# The --optimizer of each tf_dpadam optimizer class.
-OPTIMIZER_FLAGS = {
-    "DPSGD": "dpsgd", "DPAdam": "dpadam", "DPAdamCorrected": "dpadam_corrected",
-    "DPAdamScaleThenPrivatize": "dpadam_stp", "DPAdamDiSK": "dpadam_disk"}
-
-Settings = dict[str, Any]
-Segment = dict[str, Any]
-
-
-class SettingsError(ValueError):
-    """A run that cannot train in this folder (other privacy settings, held
-    by another process, not writable, damaged): a usage error."""
+# The run's privacy settings and the usage error of a folder, kept in
+# `run_ledger` with the record they go into.
+ACCOUNTANT = run_ledger.ACCOUNTANT
+PRIVACY_SETTINGS = run_ledger.PRIVACY_SETTINGS
+Settings = run_ledger.Settings
+SettingsError = run_ledger.SettingsError
+privacy_settings = run_ledger.privacy_settings
+checkpoint_settings = run_ledger.checkpoint_settings
+settings_changes = run_ledger.settings_changes
+check_settings = run_ledger.check_settings
 
 
 def read_json(path: str) -> Any:
@@ -93,179 +80,151 @@ def write_json(path: str, value: Any) -> None:
     os.replace(partial, path)
 
 
-def privacy_settings(*, noise_multiplier: float, l2_norm_clip: float,
-                     batch_size: int, num_examples: int, optimizer: str,
-                     physical_batch_size: int | None, accumulation_steps: int,
-                     delta: float, accountant: str = ACCOUNTANT) -> Settings:
-    """The settings a run's privacy depends on, as JSON values: sigma, C,
-    the expected (Poisson) B, N, the optimizer's flag name ("dpsgd",
-    "dpadam", "dpadam_corrected"), the physical batch (None: all of a step),
-    k, delta, q = B / N and the accountant (recorded, not compared)."""
-    return dict(
-        noise_multiplier=float(noise_multiplier),
-        l2_norm_clip=float(l2_norm_clip), batch_size=int(batch_size),
-        num_examples=int(num_examples),
-        sampling_rate=batch_size / num_examples, optimizer=optimizer,
-        physical_batch_size=physical_batch_size,
-        accumulation_steps=int(accumulation_steps), sampling="poisson",
-        delta=float(delta), accountant=accountant)
-
-
-def checkpoint_settings(model: keras.Model) -> Settings:
-    """What a checkpoint's DP optimizer says of `privacy_settings` (for a
-    run folder from before the ledger)."""
-    optimizer = model.optimizer
-    name = type(optimizer).__name__
-    return dict(
-        noise_multiplier=float(optimizer.noise_multiplier),
-        l2_norm_clip=float(optimizer.dp_config.l2_norm_clip),  # initial C
-        batch_size=optimizer.batch_size,
-        optimizer=OPTIMIZER_FLAGS.get(name, name),
-        accumulation_steps=int(optimizer.dp_accumulation_steps))
-
-
-def settings_changes(model_dir: str, saved: Settings,
-                     wanted: Settings) -> list[str]:
-    """One `<flag>: the run in DIR was trained with X, got Y` per flag whose
-    setting differs between `saved` and `wanted` (keys in both)."""
-    changes = []
-    for names in (PRIVACY_SETTINGS, DERIVED_SETTINGS):
-        for key, flag in names.items():
-            if key in saved and saved[key] != wanted[key]:
-                changes.append(f"{flag or key}: the run in {model_dir} was"
-                               f" trained with {saved[key]}, got"
-                               f" {wanted[key]}")
-        if changes:
-            break
-    return changes
-
-
-def check_settings(model_dir: str, saved: Settings, wanted: Settings) -> None:
-    """Raises `SettingsError` (one line naming the flags) if a resume would
-    change a privacy setting."""
-    changes = settings_changes(model_dir, saved, wanted)
-    if changes:
-        raise SettingsError(
-            "; ".join(changes) + " (a resume keeps the settings its epsilon"
-            " is accounted with; train new ones in another --model_dir).")
-
-
-def resumed_segments(segments: list[Segment], done: int) -> list[Segment]:
-    """The ledger's segments of the `done` steps of the checkpoint resumed.
-
-    Segment i took the steps `first_step + 1 ... first_step + steps`. The
-    steps past `done` are not in the model (a kill after the last
-    checkpoint, or a damaged one): they are cut, and segments left with no
-    step dropped. The last segment kept ends at `done` (its checkpoint can
-    be newer than its record: a kill between the two writes).
-    """
-    kept = []
-    for segment in segments:
-        if segment["first_step"] >= done:
-            break
-        kept.append(dict(segment))
-    if kept:
-        kept[-1]["steps"] = done - kept[-1]["first_step"]
-    return kept
-
-
-def ledger_epsilon(segments: list[Segment]) -> float:
-    """Epsilon of the steps in `segments` with their settings (0 for none;
-    infinite without noise), with the last segment's accountant; a
-    ValueError if the segments' settings differ (`check_settings`)."""
-    if not segments:
-        return 0.0
-
-    def accounted(segment):
-        return {k: v for k, v in segment["settings"].items()
-                if k != "accountant"}
-
-    if any(accounted(s) != accounted(segments[0]) for s in segments):
-        raise ValueError("The ledger's segments have other settings.")
-    settings = segments[-1]["settings"]
-    if settings["noise_multiplier"] == 0:
-        return math.inf
-    return accounting.epsilon_after_steps(
-        steps=sum(s["steps"] for s in segments),
-        num_examples=settings["num_examples"],
-        batch_size=settings["batch_size"],
-        noise_multiplier=settings["noise_multiplier"],
-        delta=settings["delta"], accountant=settings["accountant"])
-
-
 class RunLedger:
-    """The privacy ledger of a run folder (`LEDGER`, JSON).
+    """The privacy record of a run folder (`LEDGER`, a
+    `run_ledger.Record`), written whole (`write_json`) at a process's
+    beginning, at every reservation and checkpoint and at the end of
+    training, so it survives any kill.
 
     Attributes:
-        path: the ledger's file.
+        path: the record's file.
+        record: the `run_ledger.Record` (None: no file yet).
         settings: the run's `privacy_settings`, fixed by its first process.
-        segments: one per process that trained, in order: `first_step`,
-            `steps` (the steps of this process in the checkpoint),
-            `settings`, `started` (a time). Every write replaces the file
-            whole (`write_json`), so it survives any kill.
+        model: the model this process trains (`begin`).
     """
 
     def __init__(self, model_dir: str):
-        """Reads `model_dir`'s ledger (empty if none); `SettingsError` if
-        it is damaged."""
+        """Reads `model_dir`'s record (None if none); `SettingsError` if it
+        is damaged."""
         self.path = os.path.join(model_dir, LEDGER)
+        self.model = None
         try:
-            found = read_json(self.path) or {}
+            found = read_json(self.path)
+            self.record = (None if found is None
+                           else run_ledger.Record.from_json(found))
         except ValueError as error:
             raise SettingsError(
                 f"{self.path} is damaged ({error}); the run's privacy ledger"
                 " is lost: use another --model_dir.") from error
-        self.settings: Settings | None = found.get("settings")
-        self.segments: list[Segment] = found.get("segments", [])
+        self.settings = self.record and self.record.settings
 
-    def begin(self, settings: Settings, done: int) -> None:
-        """Starts this process's segment at the checkpoint's `done` steps
-        (written before its first step)."""
-        segments = resumed_segments(self.segments, done)
-        if done and not segments:  # A run from before the ledger.
-            segments = [{"first_step": 0, "steps": done, "settings": settings,
-                         "started": None}]
+    def begin(self, model: keras.Model, settings: Settings,
+              restore: Any, checkpoint_steps: int | None) -> None:
+        """Adds `restore` (a `Ledger`) to `model`'s ledger and writes the
+        record of this process (before its first step)."""
+        if restore.segments:
+            add_to_ledger(model, restore)
+        self.model = model
         self.settings = self.settings or settings
-        self.segments = segments + [{
-            "first_step": done, "steps": 0, "settings": settings,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}]
+        ledger = model.privacy_ledger
+        self.record = run_ledger.Record(self.settings, ledger,
+                                        checkpoint_steps, ledger.steps)
         self.write()
 
-    def record(self, steps: int) -> None:
-        """The checkpoint now holds `steps` steps."""
-        self.segments[-1]["steps"] = steps - self.segments[-1]["first_step"]
-        self.write()
+    def reserve(self, ahead: int, left: int | None = None) -> None:
+        """Reserves the steps of the next call of the train function (at
+        most `ahead`; `left` in the epoch) unless they are (`run_ledger.
+        reservation`)."""
+        reserved = run_ledger.reservation(
+            self.steps(), self.record.reserved_steps, ahead, left)
+        if reserved is not None:
+            self._update(reserved_steps=reserved)
+
+    def checkpointed(self) -> None:
+        """The checkpoint now holds the model (and its ledger)."""
+        ledger = self.model.privacy_ledger
+        self._update(ledger=ledger, checkpoint_steps=ledger.steps,
+                     reserved_steps=max(ledger.steps,
+                                        self.record.reserved_steps))
+
+    def release(self) -> None:
+        """No step runs until the next reservation: the reservation is the
+        steps taken."""
+        self._update(reserved_steps=self.steps())
 
     def steps(self) -> int:
-        """The steps of all segments."""
-        return sum(s["steps"] for s in self.segments)
+        """The model's steps (its ledger's: all of the run's)."""
+        return self.model.privacy_ledger.steps
 
     def epsilon(self) -> float:
-        """`ledger_epsilon` of the segments."""
-        return ledger_epsilon(self.segments)
+        """The model's epsilon at the run's delta (`spent_epsilon`): the
+        composition of every step of the run."""
+        return self.model.spent_epsilon(self.settings["delta"],
+                                        self.settings.get("accountant",
+                                                          ACCOUNTANT))
+
+    def _update(self, **changes: Any) -> None:
+        record = dataclasses.replace(self.record, **changes)
+        if record != self.record:
+            self.record = record
+            self.write()
 
     def write(self) -> None:
-        """Replaces the ledger's file whole."""
-        write_json(self.path, {"settings": self.settings,
-                               "segments": self.segments})
+        """Replaces the record's file whole."""
+        write_json(self.path, self.record.to_json())
 
 
-def begin_ledger(model_dir: str, settings: Settings,
-                 model: keras.Model | None = None) -> RunLedger:
-    """The ledger of `model_dir`, with this process's segment begun.
+def add_to_ledger(model: keras.Model, ledger: Any) -> None:
+    """Merges `ledger` into `model`'s privacy ledger as loading a weights
+    store does (`tf_dpadam.model_ledger`: its segments keep their larger
+    count, others are composed); the model's own variables are written
+    back as they are."""
+    model.add_to_privacy_ledger(ledger)
 
-    Call it before any step, with the model (resumed from the checkpoint,
-    or new). Raises `SettingsError`, writing nothing, if `settings`
-    (`privacy_settings`) differ from the run's (the ledger's, or for a run
-    from before the ledger, the checkpoint optimizer's).
+
+def loaded_checkpoint(model: keras.Model) -> run_ledger.Checkpoint:
+    """The `run_ledger.Checkpoint` of a model loaded from a checkpoint: one
+    loaded without a ledger (saved before tf_dpadam kept one) has an
+    unknown history; its optimizer's steps are the least it took."""
+    ledger = model.privacy_ledger
+    iterations = int(model.optimizer.iterations.numpy())
+    return run_ledger.Checkpoint(ledger, iterations,
+                                 not model.loaded_without_ledger)
+
+
+def has_checkpoint(model_dir: str) -> bool:
+    """Whether `model_dir` holds a checkpoint (`load_checkpoint` loads it)."""
+    return any(os.path.exists(os.path.join(model_dir, name))
+               for name in (CHECKPOINT, PREVIOUS_CHECKPOINT))
+
+
+def begin_ledger(model_dir: str, settings: Settings, model: keras.Model, *,
+                 count_all_steps: bool = False) -> RunLedger:
+    """The ledger of `model_dir`, begun for this process.
+
+    Call it before any step with the model: `load_checkpoint`'s, or a new
+    one if the folder holds no checkpoint. The model gets the steps its
+    checkpoint lacks (`run_ledger.to_restore`).
+
+    Args:
+        model_dir: the run folder.
+        settings: this process's `privacy_settings`.
+        model: the model to train.
+        count_all_steps: resume even if the checkpoint and the ledger
+            disagree or one is missing (`run_ledger.problem`), counting
+            the steps of both (`run_ledger.COUNT_ALL_FLAG`).
+
+    Raises:
+        SettingsError: writing nothing, if the files disagree (and not
+            `count_all_steps`), or if `settings` differ from the run's (the
+            record's, and the checkpoint's `checkpoint_settings`).
     """
     ledger = RunLedger(model_dir)
-    if model is not None and not ledger.settings:
-        check_settings(model_dir, checkpoint_settings(model), settings)
+    record = ledger.record
+    checkpoint = (loaded_checkpoint(model) if has_checkpoint(model_dir)
+                  else None)
+    problem = run_ledger.problem(os.path.join(model_dir, CHECKPOINT),
+                                 ledger.path, checkpoint, record)
+    if problem and not count_all_steps:
+        raise SettingsError(problem)
     if ledger.settings:
         check_settings(model_dir, ledger.settings, settings)
-    done = 0 if model is None else int(model.optimizer.iterations.numpy())
-    ledger.begin(settings, done)
+    if checkpoint is not None:
+        check_settings(model_dir, checkpoint_settings(model), settings)
+    restore = run_ledger.to_restore(checkpoint, record,
+                                    run_ledger.mechanism_of(settings))
+    ledger.begin(model, settings, restore,
+                 None if checkpoint is None else checkpoint.ledger.steps)
     return ledger
 
 
@@ -311,7 +270,7 @@ def hold(model_dir: str) -> Iterator[None]:
         try:
             check_writable(model_dir)
             for name in os.listdir(model_dir):
-                if name.startswith("checkpoint.") and ".partial" in name:
+                if ".partial" in name:  # A checkpoint's or a JSON file's.
                     os.remove(os.path.join(model_dir, name))
             yield
         finally:
@@ -386,14 +345,33 @@ def load_checkpoint(model_dir: str) -> keras.Model | None:
 
 
 class AtomicCheckpoint(keras.callbacks.Callback):
-    """At every epoch's end saves the model whole (`save_checkpoint`), then
-    records its steps in the run's `RunLedger`."""
+    """Keeps a run folder while Keras trains in it.
+
+    Before each call of the train function, reserves its steps in the run's
+    `RunLedger` (`RunLedger.reserve`: at most one write per
+    `run_ledger.RESERVE_STEPS` steps, none past the epoch's end), so a kill
+    at any moment leaves a record of every step taken; at every epoch's end
+    saves the model whole (`save_checkpoint`) and records its ledger; when
+    training ends, releases the reservation to the steps taken.
+    """
 
     def __init__(self, model_dir: str, ledger: RunLedger):
         super().__init__()
         self.model_dir = model_dir
         self.ledger = ledger
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None
+                             ) -> None:
+        k = self.model.optimizer.dp_accumulation_steps
+        batches = self.params.get("steps")
+        self.ledger.reserve(
+            run_ledger.steps_within(self.model.steps_per_execution, k),
+            None if not batches else run_ledger.steps_within(
+                batches - batch, k))
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         save_checkpoint(self.model, self.model_dir)
-        self.ledger.record(int(self.model.optimizer.iterations.numpy()))
+        self.ledger.checkpointed()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.ledger.release()

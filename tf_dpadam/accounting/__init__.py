@@ -59,7 +59,9 @@ Nothing here prints or imports TensorFlow. The modules:
 * `calibration`: `calibrate_steps` and `calibrate_noise_multiplier`;
 * `statement`: `compute_dp_sgd_privacy_statement`, with user-level DP;
 * `passes`: the epsilon of fixed batches, without amplification;
-* `plans`: how a training's batches were drawn, and its epsilon.
+* `plans`: how a training's batches were drawn, and its epsilon;
+* `ledger`: the privacy ledger a private model owns (segments of steps,
+  each with its mechanism) and their composed epsilon.
 
 This package re-exports their public names.
 """
@@ -78,15 +80,22 @@ from tf_dpadam.accounting.epsilon import steps_for_epochs
 from tf_dpadam.accounting.epsilon import TF_PRIVACY_RDP_ORDERS
 from tf_dpadam.accounting.epsilon import training_steps
 from tf_dpadam.accounting.statement import compute_dp_sgd_privacy_statement
+from tf_dpadam.accounting import ledger
 from tf_dpadam.accounting import passes
 from tf_dpadam.accounting import plans
+from tf_dpadam.accounting.ledger import Ledger
+from tf_dpadam.accounting.ledger import Mechanism
+from tf_dpadam.accounting.ledger import Segment
 from tf_dpadam.accounting.passes import epsilon_without_amplification
 
 __all__ = [
     "ACCOUNTANTS",
+    "Ledger",
+    "Mechanism",
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
     "RDP_ORDERS",
     "SAMPLINGS",
+    "Segment",
     "TF_PRIVACY_RDP_ORDERS",
     "calibrate_noise_multiplier",
     "calibrate_steps",
@@ -96,6 +105,7 @@ __all__ = [
     "dp_sgd_event",
     "epsilon_after_steps",
     "epsilon_without_amplification",
+    "ledger",
     "passes",
     "plans",
     "steps_for_epochs",

@@ -9,6 +9,11 @@ the orders and the PLD discretization are described in `tf_dpadam.accounting`.
 `training_steps` check their arguments; the lower-level functions
 (`rdp_curve`, `rdp_one_step`, `rdp_epsilon_and_order`, `epsilon_at_rate`)
 take them as already checked, for the calibration and the statement.
+
+Cost: RDP costs the same at any T (the one-step curve times T); PLD's
+(`tf_dpadam.accounting.pld`) grows with T and as sigma shrinks, and it
+raises `PLDTooLargeError` (a `ValueError`) rather than take more than about
+a second.
 """
 
 import contextlib
@@ -19,6 +24,12 @@ import math
 import dp_accounting
 
 from tf_dpadam import validation
+# The PLD accountant (`pld`); its names were here first, and still are.
+from tf_dpadam.accounting.pld import MAX_PLD_POINTS  # noqa: F401
+from tf_dpadam.accounting.pld import PLD_VALUE_DISCRETIZATION_INTERVAL
+from tf_dpadam.accounting.pld import PLDTooLargeError  # noqa: F401
+from tf_dpadam.accounting.pld import pld_epsilon
+from tf_dpadam.accounting.pld import pld_one_step  # noqa: F401
 
 # The orders TF-Privacy's `compute_dp_sgd_privacy` uses.
 TF_PRIVACY_RDP_ORDERS = (
@@ -33,10 +44,6 @@ RDP_ORDERS = (
     + tuple(float(a) for a in range(11, 64))
     + (64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0)
 )
-
-# Value discretization interval of the PLD accountant (see
-# `tf_dpadam.accounting`).
-PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 
 ACCOUNTANTS = validation.ACCOUNTANTS
 
@@ -59,11 +66,14 @@ def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
         The integer number of steps T.
 
     Raises:
-        ValueError: if an argument is out of range.
+        ValueError: if an argument is out of range, or epochs * N / B
+            overflows.
     """
     validation.check_sizes("num_examples", num_examples, batch_size)
     validation.check_epochs(epochs)
     exact = epochs * num_examples / batch_size
+    validation.check(math.isfinite(exact), "epochs", epochs,
+                     "to give a finite number of steps")
     nearest = round(exact)
     if abs(exact - nearest) <= 1e-9 * max(1.0, abs(exact)):
         return int(nearest)
@@ -189,43 +199,13 @@ def rdp_epsilon_and_order(rdp, delta, orders=RDP_ORDERS):
     return float(epsilon), float(order)
 
 
-@functools.lru_cache(maxsize=64)
-def pld_one_step(q, sigma):
-    """The privacy loss distribution of one Poisson-sampled Gaussian step.
-
-    What dp-accounting's `PLDAccountant` builds for
-    PoissonSampledDpEvent(q, GaussianDpEvent(sigma)): pessimistic,
-    add-or-remove-one, value discretization
-    `PLD_VALUE_DISCRETIZATION_INTERVAL`. Cached per (q, sigma) because
-    building it is most of the cost of an epsilon (about 25 ms at sigma = 1
-    and 150 ms at sigma = 0.3, q = 256/60000); the T-step distribution is
-    its `self_compose(T)`, which leaves it unchanged.
-    """
-    return dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=sigma,
-        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
-        sampling_prob=q,
-        neighboring_relation=_ADD_OR_REMOVE_ONE,
-    )
-
-
-def pld_epsilon(q, sigma, steps, delta):
-    """PLD epsilon of T >= 1 steps at rate q (sigma > 0); not checked.
-
-    The cached one-step distribution (`pld_one_step`) self-composed T times
-    and composed with the identity distribution, exactly the operations of
-    `PLDAccountant` on `dp_sgd_event(q, sigma, T)`: the same epsilon, bit
-    for bit, without building the one-step distribution again.
-    """
-    pld = dp_accounting.pld.privacy_loss_distribution.identity(
-        value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL
-    ).compose(pld_one_step(q, sigma).self_compose(steps))
-    return float(pld.get_epsilon_for_delta(delta))
-
-
 @functools.lru_cache(maxsize=4096)
 def epsilon_at_rate(q, sigma, steps, delta, accountant):
-    """Cached epsilon of T steps at sampling rate q; arguments not checked."""
+    """Cached epsilon of T steps at sampling rate q; arguments not checked.
+
+    Raises:
+        PLDTooLargeError: for "pld" beyond `MAX_PLD_POINTS` (`pld_epsilon`).
+    """
     if steps == 0:
         return 0.0
     if accountant == "rdp":
@@ -338,7 +318,10 @@ def epsilon_after_steps(
       `PLD_VALUE_DISCRETIZATION_INTERVAL` (1e-3, pessimistic), the one-step
       distribution cached (`pld_epsilon`).
 
-    Results are cached per argument tuple.
+    Results are cached per argument tuple. RDP costs the same at any T; PLD
+    refuses a distribution of more than `MAX_PLD_POINTS` points (at most
+    about a second), e.g. 10**8 steps at q = 256/60000 and sigma = 6, or
+    sigma < 0.192 for q < 1 (`pld.check_pld_noise_multiplier`).
 
     Args:
         steps: Number of steps T >= 0; T = 0 gives 0.0.
@@ -356,6 +339,8 @@ def epsilon_after_steps(
 
     Raises:
         ValueError: if an argument is out of range.
+        PLDTooLargeError (a ValueError): for "pld", if its distribution
+            would have more than `MAX_PLD_POINTS` points.
     """
     validation.check_steps(steps)
     validation.check_sizes("num_examples", num_examples, batch_size)

@@ -21,17 +21,14 @@ segments:
   logical step may hold the example in each of its k physical batches,
   S = k^2 per step, no amplification.
 
-Composition (`Ledger.dp_event`) is that of dp-accounting:
+Composition (`Ledger.dp_event`) is dp-accounting's
 `ComposedDpEvent([SelfComposedDpEvent(PoissonSampledDpEvent(q, Gaussian
-(sigma)), T), ..., GaussianDpEvent(sigma_eff)])`, where all the fixed-batch
-segments together are one Gaussian mechanism, sigma_eff = (sum_i S_i /
-sigma_i^2)^(-1/2) (Gaussian mechanisms compose exactly so). `Ledger.epsilon`
-computes that event's epsilon with the accountants of
-`tf_dpadam.accounting` (PLD with value discretization 1e-3, pessimistic, or
-RDP over `RDP_ORDERS`), caching per composition: equal (q, sigma) segments
-are merged first, since self-composition commutes.
-
-Nothing here imports TensorFlow.
+(sigma)), T), ..., GaussianDpEvent(sigma_eff)])`: all fixed-batch segments
+together are one Gaussian mechanism, sigma_eff = (sum_i S_i /
+sigma_i^2)^(-1/2) (Gaussians compose exactly so). `Ledger.epsilon` is that
+event's epsilon under the accountants of `tf_dpadam.accounting` (PLD, value
+discretization 1e-3, pessimistic; or RDP over `RDP_ORDERS`), cached per
+composition, equal (q, sigma) segments merged first. No TensorFlow here.
 """
 
 import dataclasses
@@ -45,12 +42,19 @@ import dp_accounting
 from tf_dpadam import validation
 from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.accounting import passes
+from tf_dpadam.accounting import pld
+from tf_dpadam.accounting import search
+
+pld_lib = dp_accounting.pld.privacy_loss_distribution
 
 # The sampling kinds of a `Mechanism`.
 SAMPLINGS = ("poisson", "passes", "every_step")
 
 # The version of `Ledger.to_json`'s format.
 FORMAT_VERSION = 1
+
+# `Ledger.max_more_steps` searches no further (the calibrations' cap).
+MAX_MORE_STEPS = 10**7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,46 +220,65 @@ def dp_event_of(key):
     return dp_accounting.ComposedDpEvent(events)
 
 
+def _rdp_epsilon(key, delta):
+    """The RDP accountant's epsilon of a `_composition_key` (any size)."""
+    poisson, gaussian, _ = key
+    rdp = sum(steps * accounting_epsilon.rdp_one_step(q, sigma)
+              for q, sigma, steps in poisson)
+    if gaussian:
+        rdp = rdp + accounting_epsilon.rdp_curve(
+            1.0, _gaussian_multiplier(gaussian), 1)
+    return accounting_epsilon.rdp_epsilon_and_order(rdp, delta)[0]
+
+
+def _pld_epsilon(key, delta):
+    """The PLD accountant's epsilon of a `_composition_key`; raises
+    `pld.PLDTooLargeError` past the PLD's size limit. One mechanism alone
+    gives exactly the numbers of `accounting_epsilon.epsilon_at_rate` and
+    `passes.gaussian_epsilon`."""
+    poisson, gaussian, _ = key
+    if not gaussian and len(poisson) == 1:
+        (q, sigma, steps), = poisson
+        return accounting_epsilon.epsilon_at_rate(q, sigma, steps, delta,
+                                                  "pld")
+    if not poisson:
+        return passes.gaussian_epsilon(_gaussian_multiplier(gaussian), delta,
+                                       "pld")
+    interval = pld.PLD_VALUE_DISCRETIZATION_INTERVAL
+    composed = pld_lib.identity(value_discretization_interval=interval)
+    for q, sigma, steps in poisson:
+        composed = composed.compose(pld.pld_self_composed(q, sigma, steps))
+    if gaussian:
+        sigma = _gaussian_multiplier(gaussian)
+        pld.check_pld_noise_multiplier(sigma)
+        composed = composed.compose(pld_lib.from_gaussian_mechanism(
+            standard_deviation=sigma, value_discretization_interval=interval,
+            neighboring_relation=(
+                dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)))
+    return float(composed.get_epsilon_for_delta(delta))
+
+
 @functools.lru_cache(maxsize=4096)
 def epsilon_of(key, delta, accountant):
     """Epsilon at `delta` of a `_composition_key` (cached).
 
-    One mechanism alone gives exactly the numbers of
-    `accounting_epsilon.epsilon_at_rate` (Poisson) and
-    `passes.gaussian_epsilon` (fixed batches).
+    With "pld", a composition whose privacy loss distribution would exceed
+    `pld.MAX_PLD_POINTS` (very many steps, or a tiny effective sigma) gets
+    the RDP accountant's epsilon instead, also an upper bound and larger
+    than the PLD's: a ledger always has an epsilon, and it never decreases
+    as steps are added.
     """
     poisson, gaussian, noiseless = key
     if noiseless:
         return math.inf
     if not poisson and not gaussian:
         return 0.0
-    if not gaussian and len(poisson) == 1:
-        (q, sigma, steps), = poisson
-        return accounting_epsilon.epsilon_at_rate(q, sigma, steps, delta,
-                                                  accountant)
-    if not poisson:
-        return passes.gaussian_epsilon(_gaussian_multiplier(gaussian), delta,
-                                       accountant)
-    if accountant == "rdp":
-        rdp = sum(steps * accounting_epsilon.rdp_one_step(q, sigma)
-                  for q, sigma, steps in poisson)
-        if gaussian:
-            rdp = rdp + accounting_epsilon.rdp_curve(
-                1.0, _gaussian_multiplier(gaussian), 1)
-        return accounting_epsilon.rdp_epsilon_and_order(rdp, delta)[0]
-    pld_lib = dp_accounting.pld.privacy_loss_distribution
-    interval = accounting_epsilon.PLD_VALUE_DISCRETIZATION_INTERVAL
-    pld = pld_lib.identity(value_discretization_interval=interval)
-    for q, sigma, steps in poisson:
-        pld = pld.compose(
-            accounting_epsilon.pld_one_step(q, sigma).self_compose(steps))
-    if gaussian:
-        pld = pld.compose(pld_lib.from_gaussian_mechanism(
-            standard_deviation=_gaussian_multiplier(gaussian),
-            value_discretization_interval=interval,
-            neighboring_relation=(
-                dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)))
-    return float(pld.get_epsilon_for_delta(delta))
+    if accountant == "pld":
+        try:
+            return _pld_epsilon(key, delta)
+        except pld.PLDTooLargeError:
+            pass
+    return _rdp_epsilon(key, delta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,35 +324,31 @@ class Ledger:
                           accountant)
 
     def max_more_steps(self, mechanism, target_epsilon, delta,
-                       accountant="pld", limit=2**40):
+                       accountant="pld", cap=MAX_MORE_STEPS):
         """The most steps of `mechanism` after this ledger within
-        `target_epsilon`: the largest s >= 0 with
-        epsilon(ledger + s steps) <= target_epsilon (0 if the ledger alone
-        reaches it; `limit` if s = limit still fits).
+        `target_epsilon`: the largest s in [0, cap] with
+        epsilon(ledger + s steps) <= target_epsilon < epsilon(ledger + s + 1)
+        (both sides evaluated; `cap` if that many still fit).
 
-        A galloping search from s = 1 then a bisection, both ends
-        evaluated, so the inequality holds exactly at the answer.
+        RDP's answer (cheap at any size, and never above the PLD's, since
+        RDP's epsilon is the larger) starts the PLD's search
+        (`search.largest_within`), so the PLD is probed only near it.
         """
         validation.check_positive_real("target_epsilon", target_epsilon)
-
-        def within(steps):
-            return self.with_steps(mechanism, steps).epsilon(
-                delta, accountant) <= target_epsilon
-
-        if not within(0) or not within(1):
+        validation.check_delta(delta)
+        validation.check_accountant(accountant)
+        if self.epsilon(delta, accountant) > target_epsilon:
             return 0
-        low, high = 1, 2
-        while within(high):
-            low, high = high, 2 * high
-            if high > limit:
-                return limit
-        while high - low > 1:
-            middle = (low + high) // 2
-            if within(middle):
-                low = middle
-            else:
-                high = middle
-        return low
+
+        def epsilon(name):
+            return lambda steps: self.with_steps(mechanism, steps).epsilon(
+                delta, name)
+
+        more = search.largest_within(epsilon("rdp"), target_epsilon, cap=cap)
+        if accountant == "rdp":
+            return more
+        return search.largest_within(epsilon("pld"), target_epsilon, cap=cap,
+                                     start=max(more, 1))
 
     def merged(self, other):
         """The union of two copies of a model's history: segments with the
@@ -376,9 +395,5 @@ class Ledger:
 
     @classmethod
     def loads(cls, text):
-        """The ledger of a `dumps` string."""
-        try:
-            value = json.loads(text)
-        except ValueError as error:
-            raise ValueError(f"A damaged privacy ledger: {error}.") from error
-        return cls.from_json(value)
+        """The ledger of a `dumps` string (`ValueError` if damaged)."""
+        return cls.from_json(json.loads(text))  # JSONDecodeError: ValueError

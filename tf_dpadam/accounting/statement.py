@@ -9,6 +9,7 @@ import math
 
 from tf_dpadam import validation
 from tf_dpadam.accounting import epsilon as accounting_epsilon
+from tf_dpadam.accounting import pld
 
 # Largest RDP order used for the user-level (group privacy) bound.
 _MAX_GROUP_ORDER = 4096.0
@@ -60,7 +61,10 @@ def compute_dp_sgd_privacy_statement(
     gives the example-level epsilon at `delta` under RDP (`RDP_ORDERS`) and
     PLD (value discretization 1e-3), and states the assumptions: Poisson
     sampling at rate q, per-example clipping, each example present once,
-    add-or-remove-one adjacency, release of every intermediate model.
+    add-or-remove-one adjacency, release of every intermediate model. Where
+    PLD would need a distribution of more than `pld.MAX_PLD_POINTS`
+    points (e.g. 10**8 steps at q = 256/60000, sigma = 6, or sigma < 0.19)
+    its line says so instead of an epsilon; RDP costs the same at any T.
 
     With `used_microbatching=True` the clipped unit is a microbatch, so adding
     or removing one example can change the noised sum by 2C: the accounting
@@ -112,8 +116,6 @@ def compute_dp_sgd_privacy_statement(
         if steps
         else (0.0, float("nan"))
     )
-    pld_eps = accounting_epsilon.epsilon_at_rate(q, float(sigma), steps,
-                                                 float(delta), "pld")
 
     clipping = (
         "per microbatch, with microbatching: one example moves the noised sum"
@@ -137,8 +139,7 @@ def compute_dp_sgd_privacy_statement(
         f"Example-level (epsilon, delta)-DP at delta = {delta:g}:",
         f"  epsilon = {rdp_eps:.4g} (RDP accountant, optimal order"
         f" {rdp_order:g})",
-        f"  epsilon = {pld_eps:.4g} (PLD accountant, value discretization"
-        f" {accounting_epsilon.PLD_VALUE_DISCRETIZATION_INTERVAL:g})",
+        _pld_line(q, float(sigma), steps, float(delta)),
     ]
     if max_examples_per_user is not None and max_examples_per_user > 1:
         lines += _user_level_lines(q, float(sigma), steps, delta,
@@ -149,6 +150,25 @@ def compute_dp_sgd_privacy_statement(
         " epsilon (tf_dpadam.accounting.epsilon_without_amplification)."
     )
     return "\n".join(lines)
+
+
+def _pld_line(q, sigma, steps, delta):
+    """The statement's line on the PLD epsilon; where PLD's distribution
+    would exceed `pld.MAX_PLD_POINTS` points (huge T, or sigma below
+    about 0.19), says so instead of taking seconds and GBs."""
+    interval = accounting_epsilon.PLD_VALUE_DISCRETIZATION_INTERVAL
+    try:
+        epsilon = accounting_epsilon.epsilon_at_rate(q, sigma, steps, delta,
+                                                     "pld")
+    except pld.PLDTooLargeError:
+        return (
+            "  epsilon not computed by the PLD accountant: its privacy loss"
+            " distribution would exceed MAX_PLD_POINTS ="
+            f" {pld.MAX_PLD_POINTS:,} points (the RDP"
+            " epsilon above is an upper bound too)"
+        )
+    return (f"  epsilon = {epsilon:.4g} (PLD accountant, value discretization"
+            f" {interval:g})")
 
 
 def _user_level_lines(q, sigma, steps, delta, max_examples_per_user):

@@ -1,0 +1,134 @@
+"""The search the calibrations share: few evaluations, near the answer.
+
+`largest_within` finds the largest integer T (steps, or participations) whose
+epsilon stays within a budget. A PLD evaluation costs up to about a second
+(`tf_dpadam.accounting.pld`), so the search starts from a guess (RDP's
+answer: microseconds a probe), steps away from it by growing factors, and
+narrows its bracket by interpolation: 3 to 8 evaluations from a guess within
+a factor 4, and never more than about 2 log2 of the bracket.
+`inf_beyond_pld_limit` lets it run into PLD's size limit without stopping.
+"""
+
+import math
+
+from tf_dpadam.accounting import pld
+
+# The first step from the start, a factor (squared at each further step).
+_FIRST_FACTOR = 1.25
+
+
+def largest_within(epsilon_of, target, *, cap, start=1):
+    """The largest T in [0, cap] with epsilon_of(T) <= target.
+
+    For a non-decreasing `epsilon_of` on the integers with epsilon_of(0) = 0
+    (never evaluated). The answer T < cap comes with both sides evaluated,
+
+        epsilon_of(T) <= target < epsilon_of(T + 1)
+
+    (only the right one for T = 0), and cap with epsilon_of(cap) <= target.
+
+    The search probes `start`, steps up or down from it by factors 1.25,
+    1.56, 2.44, 5.96, ... to a bracket, and narrows the bracket by
+    interpolating log epsilon linearly in log T (regula falsi, with the
+    Illinois modification), bisecting whenever two probes did not halve it.
+
+    Args:
+        epsilon_of: T -> epsilon, for integers 1 <= T <= cap.
+        target: The budget epsilon > 0.
+        cap: The largest T searched, >= 1.
+        start: Where the search begins (clipped to [1, cap]).
+
+    Returns:
+        T as an int in [0, cap].
+    """
+    t = min(max(int(start), 1), cap)
+    factor = _FIRST_FACTOR
+    low = high = None
+    e = epsilon_of(t)
+    if e <= target:
+        low, e_low = t, e
+        while high is None:
+            if low == cap:
+                return cap
+            t = min(max(math.floor(low * factor), low + 1), cap)
+            factor *= factor
+            e = epsilon_of(t)
+            if e <= target:
+                low, e_low = t, e
+            else:
+                high, e_high = t, e
+    else:
+        high, e_high = t, e
+        while low is None:
+            if high == 1:
+                return 0
+            t = max(min(math.floor(high / factor), high - 1), 1)
+            factor *= factor
+            e = epsilon_of(t)
+            if e <= target:
+                low, e_low = t, e
+            else:
+                high, e_high = t, e
+    return _narrow(epsilon_of, target, (low, e_low), (high, e_high))
+
+
+def inf_beyond_pld_limit(epsilon_of, failures):
+    """`epsilon_of` with `inf` where it raises `pld.PLDTooLargeError`.
+
+    A probe past PLD's limit then reads as over any target, so a search
+    narrows to the limit instead of stopping at the first probe past it
+    (e.g. a step up overshooting), and `failures` (a dict) keeps the error
+    of each such argument, for the message if the answer borders on one.
+    """
+    def wrapped(argument):
+        try:
+            return epsilon_of(argument)
+        except pld.PLDTooLargeError as error:
+            failures[argument] = error
+            return math.inf
+    return wrapped
+
+
+def _narrow(epsilon_of, target, low, high):
+    """`largest_within`'s bracket of (T, epsilon) pairs, `low` within the
+    target and `high` above it, narrowed to adjacent T; returns low's T."""
+    (low, e_low), (high, e_high) = low, high
+    f_low, f_high = log_ratio(e_low, target), log_ratio(e_high, target)
+    moved = None  # Which end the last probe moved.
+    widths = [math.inf, math.inf]  # The bracket's before the last 2 probes.
+    while high - low > 1:
+        guess = None
+        if high - low <= widths[0] / 2:
+            guess = _interpolate(low, f_low, high, f_high)
+        t = (low + high) // 2 if guess is None else guess
+        t = min(max(t, low + 1), high - 1)
+        widths = [widths[1], high - low]
+        e = epsilon_of(t)
+        if e <= target:
+            low, f_low = t, log_ratio(e, target)
+            if moved == "low" and f_high is not None:
+                f_high /= 2  # Illinois: pull the guess towards high.
+            moved = "low"
+        else:
+            high, f_high = t, log_ratio(e, target)
+            if moved == "high" and f_low is not None:
+                f_low /= 2
+            moved = "high"
+    return low
+
+
+def log_ratio(epsilon, target):
+    """log(epsilon / target), or None where it is not finite."""
+    if not 0 < epsilon < math.inf:
+        return None
+    return math.log(epsilon) - math.log(target)
+
+
+def _interpolate(low, f_low, high, f_high):
+    """Where the line through (log low, f_low) and (log high, f_high)
+    crosses 0, as the integer T below it; None without finite ends."""
+    if f_low is None or f_high is None or not f_low <= 0 < f_high:
+        return None
+    x_low, x_high = math.log(low), math.log(high)
+    x = x_low + (x_high - x_low) * (-f_low) / (f_high - f_low)
+    return math.floor(math.exp(x))
