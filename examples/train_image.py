@@ -148,7 +148,7 @@ def train():
           for key in ("l2_norm_clip", "noise_multiplier", "batch_size")}
     (x, y), (x_test, y_test) = load_dataset(FLAGS.dataset, FLAGS.data_dir)
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
-    steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # Uncalibrated.
+    steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # No search if set.
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),
         delta=FLAGS.delta, accountant="pld", batch_size=dp["batch_size"],
         noise_multiplier=dp["noise_multiplier"])

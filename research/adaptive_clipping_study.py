@@ -79,15 +79,12 @@ def train_one(train, test, seed, clip, adaptive):
     model.fit(x, y, epochs=1, steps_per_epoch=FLAGS.steps, callbacks=[log],
               verbose=2)
     _, accuracy = model.evaluate(x_test, y_test, batch_size=512, verbose=0)
-    epsilon = tf_dpadam.epsilon_after_steps(
-        steps=int(model.optimizer.iterations.numpy()), num_examples=len(y),
-        delta=DELTA, accountant="rdp", batch_size=BATCH,
-        noise_multiplier=SIGMA)
+    epsilon = model.spent_epsilon(DELTA, accountant="rdp")  # Its ledger.
     return dict(seed=seed, initial_clip=clip, adaptive=adaptive,
                 target_unclipped_quantile=FLAGS.target_unclipped_quantile,
                 clip_learning_rate=FLAGS.clip_learning_rate,
                 accuracy=float(accuracy), epsilon=float(epsilon),
-                steps=int(model.optimizer.iterations.numpy()),
+                steps=model.privacy_ledger.steps,
                 final_clip=float(model.optimizer.l2_norm_clip),
                 clips=log.clips, wall_s=round(time.time() - start, 1))
 

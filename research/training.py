@@ -458,10 +458,10 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
     steps_done = model_steps(model)
-    if ledger is None:
-        epsilon = common.spent_epsilon(config, steps_done, num_examples)
-    else:  # Every step of the run, each with the mechanism it ran.
-        epsilon = ledger.epsilon()
+    # Every step the model took, each with the mechanism it ran (its
+    # ledger, which a model_dir's checkpoints carry across resumes).
+    epsilon = (model.spent_epsilon(config.delta, ACCOUNTANT) if ledger is None
+               else ledger.epsilon())
     results = {
         "config": dataclasses.asdict(config),
         "num_examples": num_examples,

@@ -415,10 +415,12 @@ def _assert_private_step_is_exact(test, model, x, y):
     got = [v.numpy() - b
            for v, b in zip(model.trainable_variables, before)]
     # float32 rounding through 50-150 layers: the whole update is off by
-    # about 4e-5 relative (EfficientNetB0, ghost and vectorized alike), a
-    # variable by up to 1.2e-4; a wrong clip factor or a missing or mixed
-    # example moves them by 1e-2 and more.
-    test.assertLess(_relative(got, want), 1e-4)
+    # about 4e-5 relative (EfficientNetB0, ghost and vectorized alike), and
+    # 1.2e-4 on a CPU whose oneDNN uses AVX-512 / AMX kernels (measured
+    # 2026-11-28, the same before and after issue 49), a variable by up to
+    # 1.2e-4; a wrong clip factor or a missing or mixed example moves them
+    # by 1e-2 and more.
+    test.assertLess(_relative(got, want), 5e-4)
     for v, g, w in zip(model.trainable_variables, got, want):
         test.assertLess(_relative([g], [w]), 1e-3, v.path)
 

@@ -1,5 +1,6 @@
 """The DP noise is secret: global seeds do not fix it and nothing saves it."""
 
+import json
 import math
 import os
 import tempfile
@@ -15,6 +16,7 @@ from absl.testing import parameterized
 from scipy import stats
 
 import tf_dpadam
+from tf_dpadam import model_ledger
 from tf_dpadam import privatizer
 
 import helpers
@@ -114,18 +116,25 @@ class SecretNoiseTest(parameterized.TestCase):
         self.assertFalse([p for p in tracked if "seed" in p], tracked)
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         model.save(path)
-        saved = []
+        saved, ledger = [], []
         with zipfile.ZipFile(path) as archive:
             with archive.open("model.weights.h5") as f, h5py.File(f) as h5:
                 h5.visititems(
                     lambda name, item: saved.append((name, item.shape))
                     if isinstance(item, h5py.Dataset) else None
                 )
-        # The model's weights and the optimizer's variables, nothing else
-        # (the noise seed state was a [2] int64 variable of the model).
+                ledger = [bytes(h5[name][()]).decode() for name, _ in saved
+                          if name.endswith(model_ledger.STORE_KEY)]
+        # The model's weights, the optimizer's variables and the privacy
+        # ledger (public: the steps and their sampling and sigma), nothing
+        # else (the noise seed state was a [2] int64 variable of the model).
         self.assertLen(
-            saved, len(model.weights) + len(model.optimizer.variables)
+            saved, len(model.weights) + len(model.optimizer.variables) + 1
         )
+        self.assertLen(ledger, 1)
+        self.assertEqual(json.loads(ledger[0]),
+                         model.privacy_ledger.to_json())
+        self.assertNotIn("seed", ledger[0])
         self.assertNotIn((2,), [shape for _, shape in saved], saved)
         checkpoint_dir = tempfile.mkdtemp()
         tf.train.Checkpoint(model=model).write(

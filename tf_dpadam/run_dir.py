@@ -174,12 +174,13 @@ def add_to_ledger(model: keras.Model, ledger: Any) -> None:
 
 def loaded_checkpoint(model: keras.Model) -> run_ledger.Checkpoint:
     """The `run_ledger.Checkpoint` of a model loaded from a checkpoint: one
-    loaded without a ledger (saved before tf_dpadam kept one) has an
-    unknown history; its optimizer's steps are the least it took."""
+    loaded without a ledger (saved before tf_dpadam kept one), or whose
+    ledger is empty though its optimizer took steps, has an unknown
+    history; its optimizer's steps are the least it took."""
     ledger = model.privacy_ledger
     iterations = int(model.optimizer.iterations.numpy())
-    return run_ledger.Checkpoint(ledger, iterations,
-                                 not model.loaded_without_ledger)
+    unknown = model.loaded_without_ledger or (iterations and not ledger.steps)
+    return run_ledger.Checkpoint(ledger, iterations, not unknown)
 
 
 def has_checkpoint(model_dir: str) -> bool:

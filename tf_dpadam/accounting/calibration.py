@@ -1,9 +1,8 @@
 """Calibration: the steps a privacy budget allows, or the noise it needs.
 
-Both are bracketed searches over `epsilon_after_steps` (PLD with value
-discretization 1e-3 by default, or RDP over `RDP_ORDERS`): they print nothing
-and raise `ValueError` when the ask is impossible. Each warns once
-(`validation.LargeDeltaWarning`) if delta >= 1 / N, not at every probe.
+Both are bracketed searches over `epsilon_after_steps` (PLD, discretization
+1e-3, by default, or RDP over `RDP_ORDERS`): they print nothing, raise
+`ValueError` when the ask is impossible, and warn once if delta >= 1 / N.
 
 They are bounded: `calibrate_steps` answers at most `MAX_CALIBRATED_STEPS`
 steps, PLD raises `pld.PLDTooLargeError` (a `ValueError`) rather than take
@@ -205,9 +204,9 @@ def calibrate_noise_multiplier(
 
     where epsilon(sigma) is `epsilon_after_steps(steps=T, ...)` (PLD with
     value discretization 1e-3, or RDP over `RDP_ORDERS`). The search brackets
-    sigma by doubling or halving from a start (1 for RDP; RDP's answer for
-    PLD) and then narrows the bracket, interpolating log epsilon linearly in
-    log sigma (bisecting geometrically where that stalls), until its ends
+    sigma by doubling or halving from 1 and bisects it geometrically (RDP,
+    `search.halving_noise_search`), or from RDP's answer and narrows it
+    interpolating log epsilon linearly in log sigma (PLD), until its ends
     are within 1% of each other; it returns the upper end, so the target is
     met. Since epsilon decreases with sigma, any sigma <= 0.99 * result
     misses the target. Every PLD probe builds a distribution (up to a few
@@ -254,32 +253,33 @@ def calibrate_noise_multiplier(
         return accounting_epsilon.epsilon_at_rate(
             q, float(noise_multiplier), int(total), float(delta), accountant)
 
+    if accountant == "rdp":
+        return search.halving_noise_search(
+            eps, target_epsilon, lowest=_MIN_NOISE_MULTIPLIER,
+            highest=_MAX_NOISE_MULTIPLIER, rtol=_NOISE_MULTIPLIER_RTOL)
+    # PLD: RDP's answer is a guess for PLD's; PLD builds no step below
+    # `smallest`.
     start, smallest = 1.0, _MIN_NOISE_MULTIPLIER
-    if accountant == "pld":
-        # RDP's answer is a guess for PLD's; PLD builds no step below
-        # `smallest`.
-        try:
-            start = _smallest_noise_within(
-                lambda sigma: eps(sigma, "rdp"), target_epsilon, start)[0]
-        except ValueError:
-            pass  # PLD's search says why, from 1.
-        smallest = max(
-            smallest, pld.smallest_pld_noise_multiplier(q))
+    try:
+        start = _smallest_noise_within(
+            lambda sigma: eps(sigma, "rdp"), target_epsilon, start)[0]
+    except ValueError:
+        pass  # PLD's search says why, from 1.
+    smallest = max(smallest, pld.smallest_pld_noise_multiplier(q))
     setting = (f"{total} steps at batch_size={batch_size!r},"
                f" num_examples={num_examples!r}")
-    if accountant == "pld":
-        # Where PLD cannot account RDP's answer, it cannot account its
-        # own (as small or a little larger) without many probes, each
-        # building a distribution: say so at once.
-        start = max(start, smallest)
-        try:
-            eps(start)
-        except pld.PLDTooLargeError as error:
-            raise pld.PLDTooLargeError(
-                f"target_epsilon={target_epsilon!r} over {setting} needs a"
-                f" noise multiplier near {start:.4g} (RDP's), which the PLD"
-                f" accountant cannot account: {error}"
-            ) from error
+    # Where PLD cannot account RDP's answer, it cannot account its own (as
+    # small or a little larger) without many probes, each building a
+    # distribution: say so at once.
+    start = max(start, smallest)
+    try:
+        eps(start)
+    except pld.PLDTooLargeError as error:
+        raise pld.PLDTooLargeError(
+            f"target_epsilon={target_epsilon!r} over {setting} needs a"
+            f" noise multiplier near {start:.4g} (RDP's), which the PLD"
+            f" accountant cannot account: {error}"
+        ) from error
     too_large = {}
     sigma, below = _smallest_noise_within(
         search.inf_beyond_pld_limit(eps, too_large),

@@ -283,7 +283,7 @@ def epsilon_of(key, delta, accountant):
 
 @dataclasses.dataclass(frozen=True)
 class Ledger:
-    """An immutable list of `Segment`s, in the order they were taken.
+    """An immutable tuple of `Segment` objects, in the order taken.
 
     `epsilon` only grows as segments are added or lengthened: every
     accountant here is monotone in each mechanism's steps.

@@ -132,3 +132,41 @@ def _interpolate(low, f_low, high, f_high):
     x_low, x_high = math.log(low), math.log(high)
     x = x_low + (x_high - x_low) * (-f_low) / (f_high - f_low)
     return math.floor(math.exp(x))
+
+
+def halving_noise_search(epsilon_of, target, *, lowest, highest, rtol):
+    """The smallest-noise search of `calibrate_noise_multiplier` for RDP.
+
+    From sigma = 1 it doubles (or halves) sigma to a bracket
+    epsilon_of(low) > target >= epsilon_of(high), then bisects it
+    geometrically until high <= low * (1 + rtol), and returns high. (RDP
+    probes cost microseconds; the recorded studies' sigmas were calibrated
+    so, and reading them back needs the same numbers.)
+
+    Raises:
+        ValueError: if sigma would have to lie outside [lowest, highest].
+    """
+    high = 1.0
+    if epsilon_of(high) > target:
+        low = high
+        while epsilon_of(high) > target:
+            low, high = high, 2 * high
+            if high > highest:
+                raise ValueError(f"target_epsilon={target!r} needs"
+                                 f" noise_multiplier > {highest!r}.")
+    else:
+        low = high / 2
+        while epsilon_of(low) <= target:
+            low, high = low / 2, low
+            if low < lowest:
+                raise ValueError(
+                    f"target_epsilon={target!r} is met by every"
+                    f" noise_multiplier >= {high!r}; the search gives up"
+                    " there.")
+    while high > low * (1 + rtol):
+        middle = math.sqrt(low * high)
+        if epsilon_of(middle) <= target:
+            high = middle
+        else:
+            low = middle
+    return high
