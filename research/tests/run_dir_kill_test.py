@@ -3,10 +3,10 @@
 
 A child process (run_dir_kill_check.py) trains a tiny private model with a
 checkpoint after every step in one model_dir and is killed with SIGKILL
-`KILLS` times (4; 12 with RUN_DIR_KILLS=12), in turn: at a random moment after training began, while a
-checkpoint is being written (its temporary file is half written for a
-moment) and while ledger.json is being written (the same). Then it runs to
-the end. Checked, from the children's logs of the steps they reserved,
+`KILLS` times (10; RUN_DIR_KILLS=N for another count), in turn: at a
+random moment after training began, while a checkpoint is being written
+(its temporary file is half written for a moment) and while ledger.json is
+being written (the same). Then it runs to the end. Checked, from the children's logs of the steps they reserved,
 took and saved:
 
 * every restart resumes from the checkpoint the killed process last saved
@@ -43,9 +43,9 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "run_dir_kill_check.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-# 4 kills keep the suite's share near a minute (13 processes take about 3
-# minutes on 2 busy cores); RUN_DIR_KILLS=12 runs the full loop.
-KILLS = int(os.environ.get("RUN_DIR_KILLS", "4"))
+# Issue 49 asks for >= 10 kills: 11 processes, about 2 minutes on 2 busy
+# cores (a slow test); RUN_DIR_KILLS=N runs another count.
+KILLS = int(os.environ.get("RUN_DIR_KILLS", "10"))
 Q = 16 / check.NUM_EXAMPLES
 
 
