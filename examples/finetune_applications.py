@@ -109,11 +109,11 @@ def main(argv):
     if left:
         raise app.UsageError(f"fix left: {left}")
 
-    steps = tf_dpadam.calibrate_steps(
+    # --max_steps: no search; PrivacyBudget stops at --target_epsilon.
+    steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),
         delta=FLAGS.delta, accountant="pld", batch_size=FLAGS.batch_size,
         noise_multiplier=FLAGS.noise_multiplier)
-    steps = min(steps, FLAGS.max_steps or steps)
     private = tf_dpadam.make_private(fixed)
     quantile = FLAGS.target_unclipped_quantile or None
     private.compile(
@@ -125,6 +125,9 @@ def main(argv):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"])  # Poisson padding has weight 0.
     private.fit(x, y, epochs=1, steps_per_epoch=steps,
+                callbacks=[tf_dpadam.PrivacyBudget(
+                    num_examples=len(y), delta=FLAGS.delta, verbose=0,
+                    target_epsilon=FLAGS.target_epsilon)],
                 verbose=1 if sys.stdout.isatty() else 2)
     _, accuracy = private.evaluate(x_test, y_test, batch_size=256, verbose=0)
     done = private.privacy_ledger.steps
