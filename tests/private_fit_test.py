@@ -36,6 +36,7 @@ from tf_dpadam import sharding
 from tf_dpadam.accounting import RDP_ORDERS
 from tf_dpadam import sampling as sampling_lib
 from tf_dpadam.accounting import plans
+from tf_dpadam.accounting.ledger import Ledger
 
 N = 60
 B = 6
@@ -147,7 +148,8 @@ class PoissonPathsTest(parameterized.TestCase):
         # The plan the callback read accounts the independent epsilon of T
         # Poisson steps at q (the probe itself trains without noise).
         self.assertAlmostEqual(
-            self.budget.plan.epsilon(steps, SIGMA, DELTA, "rdp"),
+            Ledger().with_steps(self.budget.plan.mechanism(SIGMA),
+                                steps).epsilon(DELTA, "rdp"),
             _poisson_epsilon(steps, n, round(q * n)), places=9)
         self.assertGreaterEqual(steps, 200)
         self.assertTrue(np.all((counts == 0) | (counts == 1)),

@@ -354,16 +354,13 @@ class Ledger:
         """The union of two copies of a model's history: segments with the
         same id keep the larger step count, the others are all kept (a
         segment of `other` unknown here is composed, never dropped)."""
-        steps = {s.id: s for s in self.segments}
-        merged = []
-        for segment in self.segments:
-            theirs = next((s for s in other.segments if s.id == segment.id),
-                          None)
-            if theirs is not None and theirs.steps > segment.steps:
-                segment = dataclasses.replace(segment, steps=theirs.steps)
-            merged.append(segment)
-        merged += [s for s in other.segments if s.id not in steps]
-        return Ledger(tuple(merged))
+        theirs = {s.id: s.steps for s in other.segments}
+        mine = {s.id for s in self.segments}
+        merged = [dataclasses.replace(s, steps=max(s.steps,
+                                                   theirs.get(s.id, 0)))
+                  for s in self.segments]
+        return Ledger(tuple(merged) + tuple(
+            s for s in other.segments if s.id not in mine))
 
     def to_json(self):
         """The ledger as a JSON-serializable dict."""
