@@ -133,19 +133,19 @@ def _independence_problems(model, x, mixing_layers):
     x = tf.nest.map_structure(
         lambda t: t if t is None or isinstance(t, composite_types)
         else tf.convert_to_tensor(t), x)
-    j = 0
-    k = rows.distinct_row(x, j) if rows.num_rows(x) >= 2 else None
-    if k is None:
+    checked = [i for i in range(rows.num_rows(x))
+               if rows.has_distinct_row(x, i)][:2]
+    if not checked:
         raise ValueError(
             "Expected x to hold at least two distinct examples (the"
-            " independence check replaces one example by another).")
+            " independence check replaces the others by copies of one).")
     flags = [(layer, layer.trainable,
               [(v, v.trainable) for v in layer.variables])
              for layer in mixing_layers]
     try:
         for layer in mixing_layers:
             layer.trainable = False
-        model_check.check_model(model, None, 1, x, j, k)
+        model_check.check_outputs(model, x, checked)
     except ValueError as error:
         return [Problem(model.name, str(error), None)]
     finally:

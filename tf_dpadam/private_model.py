@@ -135,10 +135,10 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
         # the diagnostics' clean gradients, `tf_dpadam.audit`'s canaries.
         self._step_hooks = _Untracked(
             [self._clean_gradients.value] if diagnostics else [])
-        # `independence.check` on the first training batch, once per
-        # compiled loss (the last one that passed is kept here).
+        # `independence.Guard`: checks training batches (first, on change,
+        # at random later calls).
         self.check_independence = check_independence
-        self._independence_checked = _Untracked(None)
+        self._guard = _Untracked(independence.Guard(self))
         if base_model.built:
             self.built = True
 
@@ -178,20 +178,17 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
         result = super().make_train_function(force=force)
         if self.train_function is not made:
             if self.check_independence:
-                self.train_function = independence.checked_on_first_call(
-                    self.train_function, self._check_independence_once,
-                    self.steps_per_execution,
-                )
+                self.train_function = self._guard.value.wrap(
+                    self.train_function, self.steps_per_execution)
             # Every call opens the ledger segment of its steps.
             self.train_function = self.with_ledger(self.train_function)
         return result
 
-    def _check_independence_once(self, data):
-        compile_loss = compat.compile_loss(self)
-        if self._independence_checked.value is compile_loss:
-            return
-        if independence.check(self, data):
-            self._independence_checked.value = compile_loss
+    @property
+    def independence_guard(self):
+        """The `tf_dpadam.independence.Guard` that checks the training
+        batches (its `rate`, `checks` and `check(batch)`)."""
+        return self._guard.value
 
     def train_step(self, data) -> dict:
         """One DP step (`tf_dpadam.step.train_step`)."""
@@ -367,18 +364,20 @@ def make_private(model: keras.Model, *, seed: Optional[int] = None,
             vectorized path maps over the examples with their K views as a
             batch. K > 1 needs `augment`; with K = 1, `augment` is plain
             data augmentation inside the private step.
-        check_independence: True (default): before the first training step
-            (of `fit` or `train_on_batch`, and again after `compile` with
-            another loss), check eagerly on that step's batch that the
-            examples are independent (`tf_dpadam.independence`): replacing
-            one example must change no other example's training-mode
-            outputs (random layers replayed with the same seeds), and the
-            compiled loss must be a per-example loss (no in-batch negatives
-            as in a CLIP-style contrastive loss, no batch statistics).
-            Otherwise training would not be differentially private (or,
-            with clipping="vectorized", would train on batches of one), and
-            a `ValueError` names the layer or the loss. It costs a few
-            forward passes, once. False turns the check off: only for a
+        check_independence: True (default): check eagerly, on training
+            batches, that each example's gradient depends on it alone
+            (`tf_dpadam.independence`): for two random examples i, the
+            predictions, loss and gradient norm the private step computes
+            must not change when every other example of the batch is
+            replaced by a copy of i (random layers replayed with the same
+            seeds), nor the loss's gradient (no in-batch negatives). The
+            first call of the train function is checked, every call after
+            the loss, the trainable weights or `augment` changed, and each
+            later call with probability 1%
+            (`model.independence_guard.rate`). Otherwise training would not
+            be differentially private (or, with clipping="vectorized", would
+            train on batches of one): a `ValueError` names the layer, the
+            augmentation or the loss. False turns the check off: only for a
             model and loss you have verified yourself.
 
     Returns:

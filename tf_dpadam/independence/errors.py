@@ -7,11 +7,14 @@ TURN_OFF = (
 )
 
 
-def mixing_error(what, score, cure, evidence=None):
+def replaced_evidence(i, what="training-mode outputs"):
+    """What the check saw, for example i."""
+    return (f"example {i}'s {what} changed when the other examples of its"
+            " training batch were replaced by copies of it")
+
+
+def mixing_error(what, score, cure, evidence):
     """The `ValueError` saying that `what` mixes examples, and `cure`."""
-    evidence = evidence or (
-        "replacing one example of the first training batch by another"
-        " changed the outputs of the other examples")
     return ValueError(
         f"{what} mixes the examples of a batch in training: {evidence}"
         f" ({score:.3g} times the tolerance of the check). Per-example"
@@ -32,4 +35,14 @@ LOSS_CURE = (
     "Use a per-example loss: example i's loss may depend on (y_i, y_pred_i)"
     " only, not on other examples (no in-batch negatives as in a CLIP-style"
     " contrastive loss, no normalization by batch statistics)."
+)
+GRADIENT_CURE = (
+    "Its outputs and loss did not change, its gradient did: a layer whose"
+    " gradient depends on the batch (e.g. a zero-initialized scale around"
+    " batch statistics, as ReZero or LayerScale around batch centering) or"
+    " a layer that moves the examples off axis 0 (a transpose of the batch"
+    " axis), which ghost clipping's rules assume to hold the examples. Use"
+    " layers that treat each example on its own; for a layer that only"
+    " moves the batch axis and back, make_private(clipping='vectorized')"
+    " computes each example's gradient on its own."
 )

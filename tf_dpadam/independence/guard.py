@@ -1,32 +1,117 @@
 """The check's entry point, and the hook that runs it on Keras' train
-function's first batch."""
+function: at the first call, whenever what the step was traced for changes,
+and at randomly chosen later calls."""
 
 import itertools
+import secrets
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from tf_dpadam.independence.loss_check import check_loss
-from tf_dpadam.independence.model_check import check_model
-from tf_dpadam.independence.rows import distinct_row
+from tf_dpadam import augmentation
+from tf_dpadam import compat
+from tf_dpadam.independence import errors
+from tf_dpadam.independence import loss_check
+from tf_dpadam.independence import model_check
+from tf_dpadam.independence import probe as probe_lib
+from tf_dpadam.independence.rows import change_of_rows
+from tf_dpadam.independence.rows import copies_of_row
+from tf_dpadam.independence.rows import example_rows
+from tf_dpadam.independence.rows import has_distinct_row
 from tf_dpadam.independence.rows import num_rows
 
 composite_types = (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)
 
+# The examples of a checked batch whose gradients are checked.
+CHECKED_ROWS = 2
+# The probability that a train-function call (`steps_per_execution` steps)
+# after the first is checked.
+CHECK_RATE = 0.01
 
-def check(model, data):
+
+def _present_rows(x, sample_weight):
+    n = num_rows(x)
+    if sample_weight is None or tf.nest.is_nested(sample_weight):
+        return list(range(n))
+    weight = np.asarray(sample_weight).reshape(n, -1)
+    return [int(i) for i in np.flatnonzero(np.any(weight != 0, axis=1))]
+
+
+def _rows_to_check(data, x, sample_weight, rng):
+    """Up to `CHECKED_ROWS` present examples, drawn at random, that differ
+    from some other example of the batch."""
+    rows = []
+    for i in rng.permutation(_present_rows(x, sample_weight)):
+        if has_distinct_row(data, int(i)):
+            rows.append(int(i))
+            if len(rows) == CHECKED_ROWS:
+                break
+    return rows
+
+
+def _not_reproducible(model):
+    return ValueError(
+        f"Cannot check that model {model.base_model.name!r} treats the"
+        " examples of a batch independently: its training-mode outputs are"
+        " not reproducible even with every keras.random.SeedGenerator"
+        " restored (a random op outside keras.random, e.g. tf.random.*?)."
+        " Draw random numbers with keras.random and a"
+        " keras.random.SeedGenerator." + errors.TURN_OFF)
+
+
+def _layer_error(model, x, copies_x, i, score, snapshot):
+    """The error for example i, whose outputs differ: names the first layer
+    whose outputs for it differ, else the model."""
+    rows = example_rows(i, model.augmult)
+    views = model_check.views_of(model.augment, model.augmult, x, snapshot)
+    views_copies = model_check.views_of(model.augment, model.augmult,
+                                        copies_x, snapshot)
+    base_model = model.base_model
+    layer = model_check.first_mixing_layer(base_model, views, views_copies,
+                                           rows, snapshot)
+    what = (f"Model {base_model.name!r} ({type(base_model).__name__})"
+            if layer is None else
+            f"Layer {layer.name!r} ({type(layer).__name__}) of model"
+            f" {base_model.name!r}")
+    return errors.mixing_error(what, score, errors.LAYER_CURE,
+                               errors.replaced_evidence(i))
+
+
+def _compare(model, function, batch, copies, rows, snapshot, raise_for):
+    """`function` on the batch and on each copies batch (from the same
+    random state), rows compared; `raise_for(i, base, other)` raises for a
+    row that changed, after checking that `function` is reproducible."""
+    snapshot.restore()
+    base = function(*batch)
+    for i, copy in zip(rows, copies):
+        snapshot.restore()
+        other = function(*copy)
+        if raise_for(i, base, other, check_only=True):
+            snapshot.restore()
+            if change_of_rows(base, function(*batch),
+                              range(num_rows(base))) > 1.0:
+                raise _not_reproducible(model)
+            raise_for(i, base, other, check_only=False)
+    return base
+
+
+def check(model, data, probe=None, rng=None):
     """Raises `ValueError` if `model`'s training mixes the examples of `data`.
 
     Args:
         model: a compiled `PrivateModel` (its `base_model`, `augment`,
-            `augmult` and compiled loss are checked).
+            `augmult`, clipping method and compiled loss are checked).
         data: a concrete training batch `(x, y, sample_weight)`, `(x, y)` or
-            `x` (the first one `fit` or `train_on_batch` trains on).
+            `x`.
+        probe: the model's `probe.Probe` (a new one if None).
+        rng: a `numpy.random.Generator` that draws the checked examples
+            (from the operating system's entropy if None).
 
     Returns:
-        True if checked, False if the batch has fewer than two distinct
-        examples (a warning says so).
+        True if checked, False if no present example of the batch differs
+        from another one (a warning says so).
 
     Raises:
         ValueError: naming the layer (or the model, or `augment`) or the loss
@@ -35,19 +120,56 @@ def check(model, data):
     data = tf.nest.map_structure(
         lambda t: t if t is None or isinstance(t, composite_types)
         else tf.convert_to_tensor(t), data)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    j = 0
-    k = distinct_row(x, j) if num_rows(x) >= 2 else None
-    if k is None:
+    batch = keras.utils.unpack_x_y_sample_weight(data)
+    x, y, sample_weight = batch
+    rng = rng or np.random.default_rng(secrets.randbits(64))
+    rows = _rows_to_check(batch, x, sample_weight, rng)
+    if not rows:
         warnings.warn(
             "make_private(check_independence=True) could not check that the"
-            " examples are independent: the first training batch has fewer"
-            " than two distinct examples.", stacklevel=3)
+            " examples are independent: no example of the training batch"
+            " differs from another one.", stacklevel=3)
         return False
-    y_pred, y_pred_changed = check_model(
-        model.base_model, model.augment, model.augmult, x, j, k)
-    check_loss(model, model.augmult, y, sample_weight, y_pred,
-               y_pred_changed, j, k)
+    probe = probe or probe_lib.Probe(model)
+    snapshot = model_check.StateSnapshot(
+        model_check.layers_of(model.augment, model.base_model))
+    snapshot.add(compat.global_seed_generator_states())
+    group = model.augmult
+
+    def outputs_changed(i, base, other, check_only):
+        out = change_of_rows(base[0], other[0], example_rows(i, group))
+        loss = change_of_rows(base[1], other[1], example_rows(i, group))
+        if check_only:
+            return max(out, loss) > 1.0
+        if out > 1.0:
+            raise _layer_error(model, x, copies[rows.index(i)][0], i, out,
+                               snapshot)
+        raise loss_check.loss_error(model, loss,
+                                    errors.replaced_evidence(i, "loss"))
+
+    def norm_changed(i, base, other, check_only):
+        score = change_of_rows(base, other, [i])
+        if check_only:
+            return score > 1.0
+        raise errors.mixing_error(
+            f"Model {model.base_model.name!r}", score, errors.GRADIENT_CURE,
+            errors.replaced_evidence(
+                i, "gradient norm (as the private step computes it)"))
+
+    try:
+        copies = [copies_of_row(batch, i) for i in rows]
+        model_check.check_augment(model.augment, group, x,
+                                  [c[0] for c in copies], rows, snapshot)
+        y_pred, _ = _compare(model, probe.outputs, batch, copies, rows,
+                             snapshot, outputs_changed)
+        _compare(model, probe.norms, batch, copies, rows, snapshot,
+                 norm_changed)
+        y_rows, weight_rows = augmentation.repeat_examples(
+            (y, sample_weight), group)
+        loss_check.check_loss_gradients(model, y_rows, weight_rows, y_pred,
+                                        rows, group)
+    finally:
+        snapshot.restore()
     return True
 
 
@@ -110,37 +232,83 @@ def _take_batches(iterator, count):
     return batches
 
 
-def checked_on_first_call(function, check_batch, steps_per_execution):
-    """Keras' `train_function`, calling `check_batch(batch)` on its first
-    training batch, eagerly, before the first step runs.
+class Guard:
+    """The check's schedule for one `PrivateModel` (package docstring, 4).
 
-    The batches the first call takes (`steps_per_execution` of them) are the
-    ones it then trains on, in order: the guard reads no batch that training
-    would not (it never makes a new iterator). Until a check passes, every
-    call checks.
+    `wrap(train_function, steps_per_execution)` returns Keras' train
+    function, checking (eagerly, before the steps run) the first batch of a
+    call that is due: the first call, every call after the compiled loss,
+    the trainable weights, `augment` or the clipping method changed, and
+    each later call with probability `rate` (`CHECK_RATE` by default). The batches a checked
+    call takes are the ones it then trains on, in order: the guard reads no
+    batch that training would not. Until a check passes, every call checks.
     """
-    state = {"checked": False}
 
-    def train_function(iterator):
-        if state["checked"]:
-            return function(iterator)
-        if isinstance(iterator, (tf.data.Iterator,
-                                 tf.distribute.DistributedIterator)):
-            batches = _take_batches(iterator, steps_per_execution)
-            first = batches[0]
-            if isinstance(iterator, tf.distribute.DistributedIterator):
-                first = _first_replica(first)
-                replay = None
-            else:
-                replay = _same_spec_iterator(batches, iterator.element_spec)
-            check_batch(_without_optionals(first))
-            state["checked"] = True
-            return function(batches if replay is None else replay)
-        iterator = iter(iterator)
-        first = next(iterator)
+    def __init__(self, model, check_batch=None):
+        self._model = model
+        self._check_batch = check_batch
+        self.probe = probe_lib.Probe(model)
+        self._rng = np.random.default_rng(secrets.randbits(64))
+        self._checked_key = None
+        # The probability that a call after the first is checked.
+        self.rate = CHECK_RATE
+        self.checks = 0  # The batches checked so far.
+
+    def check(self, data):
+        """Checks `data` now (see `check`); True if checked."""
+        if check(self._model, data, self.probe, self._rng):
+            self._checked_key = probe_lib.state_key(self._model)
+            self.checks += 1
+            return True
+        return False
+
+    def _due(self, key):
+        return key != self._checked_key or self._rng.random() < self.rate
+
+    def wrap(self, function, steps_per_execution):
+        """`function` (Keras' train function), checked as scheduled."""
+        check_batch = self._check_batch or self.check
+        traced = {"key": None, "warned": False}
+
+        def train_function(iterator):
+            key = probe_lib.state_key(self._model)
+            if traced["key"] is None:
+                traced["key"] = key  # The first call traces the step.
+            elif key[1] != traced["key"][1] and not traced["warned"]:
+                traced["warned"] = True
+                warnings.warn(_RETRACE_WARNING, stacklevel=2)
+            if not self._due(key):
+                return function(iterator)
+            return _checked_call(function, iterator, check_batch,
+                                 steps_per_execution)
+
+        train_function.checks_independence = True
+        return train_function
+
+
+_RETRACE_WARNING = (
+    "The model's trainable weights changed after its private train step was"
+    " traced (a layer's `trainable` set during training): as in Keras, the"
+    " step goes on training the weights it was traced with until the model"
+    " is compiled again (`compile` also checks the new set, and refuses a"
+    " trainable BatchNormalization)."
+)
+
+
+def _checked_call(function, iterator, check_batch, steps_per_execution):
+    """`function(iterator)` after `check_batch` of its first batch."""
+    if isinstance(iterator, (tf.data.Iterator,
+                             tf.distribute.DistributedIterator)):
+        batches = _take_batches(iterator, steps_per_execution)
+        first = batches[0]
+        if isinstance(iterator, tf.distribute.DistributedIterator):
+            first = _first_replica(first)
+            replay = None
+        else:
+            replay = _same_spec_iterator(batches, iterator.element_spec)
         check_batch(_without_optionals(first))
-        state["checked"] = True
-        return function(itertools.chain([first], iterator))
-
-    train_function.checks_independence = True
-    return train_function
+        return function(batches if replay is None else replay)
+    iterator = iter(iterator)
+    first = next(iterator)
+    check_batch(_without_optionals(first))
+    return function(itertools.chain([first], iterator))

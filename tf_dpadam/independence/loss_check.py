@@ -1,55 +1,47 @@
-"""The loss's part of the independence check (package docstring, 2)."""
+"""The loss's own part of the independence check (package docstring, 2).
+
+The step evaluates the compiled loss of each example on its own where the
+loss is not a `sum_over_batch_size` Keras loss (a batch of one), so a loss
+with in-batch negatives (CLIP) would train silently on batches of one: the
+gradient of the compiled loss on the whole batch w.r.t. example i's
+prediction must not change when the other rows of `(y, y_pred)` are
+replaced by copies of row i.
+
+The predictions are compared as values: Keras computes a probability loss
+from the logits it finds on the tensor a softmax or sigmoid returned
+(`_keras_logits`), a shortcut that any slice or copy loses, so both sides
+are given fresh tensors that hold the probabilities only (this shortcut,
+seen on one side only, was the guard's false alarm on every softmax and
+sigmoid head with its probability loss).
+"""
 
 import tensorflow as tf
 
-from tf_dpadam import augmentation
 from tf_dpadam import compat
-from tf_dpadam.ghost_clipping import per_example_loss
 from tf_dpadam.independence import errors
-from tf_dpadam.independence.rows import SLICED_ROWS
-from tf_dpadam.independence.rows import change_of_other_rows
-from tf_dpadam.independence.rows import example_rows
+from tf_dpadam.independence.rows import change_of_rows
 from tf_dpadam.independence.rows import num_rows
-from tf_dpadam.independence.rows import replace_rows
 
 
-def _slice_rows(structure, rows):
-    """Rows `rows` (a slice) of each leaf, Keras masks kept."""
-    def take(t):
-        if t is None:
-            return None
-        part = t[rows]
-        mask = compat.get_keras_mask(t)
-        if mask is not None:
-            part = tf.identity(part)
-            compat.set_keras_mask(part, mask[rows])
-        return part
-
-    return tf.nest.map_structure(take, structure)
+def _values(structure):
+    """Fresh tensors with the values of `structure` only: no Keras mask (a
+    masked `sum_over_batch_size` loss divides by the batch's count of
+    unmasked entries, which the step's per-example losses do not) and no
+    `_keras_logits`."""
+    return tf.nest.map_structure(
+        lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t,
+        structure)
 
 
-def _replace_keeping_masks(structure, rows_j, rows_k):
-    changed = replace_rows(structure, rows_j, rows_k)
-
-    def keep_mask(old, new):
-        mask = None if old is None else compat.get_keras_mask(old)
-        if mask is not None:
-            compat.set_keras_mask(new, mask)
-        return new
-
-    return tf.nest.map_structure(keep_mask, structure, changed)
-
-
-def _loss_error(model, score, evidence):
-    compile_loss = compat.compile_loss(model)
-    single = compat.single_loss(compile_loss)
-    loss = single[0] if single is not None else compile_loss
-    name = getattr(loss, "name", None) or type(loss).__name__
-    fn = getattr(loss, "fn", None)
-    if fn is not None:
-        name = getattr(fn, "__name__", name)
-    return errors.mixing_error(f"The compiled loss {name!r}", score,
-                               errors.LOSS_CURE, evidence)
+def _tiled(structure, first, group):
+    """`structure` with its rows replaced by rows `first` to
+    `first + group - 1` (example i's K views), repeated."""
+    if structure is None:
+        return None
+    n = num_rows(structure)
+    indices = [first + r % group for r in range(n)]
+    return tf.nest.map_structure(
+        lambda t: None if t is None else tf.gather(t, indices), structure)
 
 
 def _prediction_gradients(compile_loss, y, y_pred, sample_weight):
@@ -65,45 +57,45 @@ def _prediction_gradients(compile_loss, y, y_pred, sample_weight):
             for t, g in zip(leaves, tape.gradient(loss, leaves))]
 
 
-def check_loss(model, augmult, y, sample_weight, y_pred, y_pred_changed,
-               j, k):
-    """Raises if the compiled loss mixes examples (package docstring, 2)."""
+def loss_name(model):
+    """The compiled loss's name, for the error."""
+    compile_loss = compat.compile_loss(model)
+    single = compat.single_loss(compile_loss)
+    loss = single[0] if single is not None else compile_loss
+    name = getattr(loss, "name", None) or type(loss).__name__
+    fn = getattr(loss, "fn", None)
+    if fn is not None:
+        name = getattr(fn, "__name__", name)
+    return name
+
+
+def loss_error(model, score, evidence):
+    return errors.mixing_error(f"The compiled loss {loss_name(model)!r}",
+                               score, errors.LOSS_CURE, evidence)
+
+
+def check_loss_gradients(model, y, sample_weight, y_pred, rows, group):
+    """Raises if the compiled loss's gradient w.r.t. the predictions of the
+    examples in `rows` depends on the other examples.
+
+    `y`, `sample_weight` and `y_pred` are the step's rows (K = `group`
+    views per example, consecutive).
+    """
     compile_loss = compat.compile_loss(model)
     if compile_loss is None:
         return
-    y, sample_weight = augmentation.repeat_examples(
-        (y, sample_weight), augmult)
-    rows_j, rows_k = example_rows(j, augmult), example_rows(k, augmult)
-    y_changed = replace_rows(y, rows_j, rows_k)
-    per_example = per_example_loss.compiled_loss_fn(model)
-    losses = per_example(y, y_pred, sample_weight)
-    # The other examples' losses, with example j changed.
-    score = change_of_other_rows(
-        losses, per_example(y_changed, y_pred_changed, sample_weight), rows_j)
-    if score > 1.0:
-        raise _loss_error(model, score, (
-            "replacing one example of the first training batch by another"
-            " changed the other examples' losses"))
-    # The batched losses against one-example slices.
-    total = num_rows(y_pred)
-    for i in sorted({0, rows_k[0], total - 1})[:SLICED_ROWS]:
-        rows = slice(i, i + 1)
-        alone = per_example(_slice_rows(y, rows), _slice_rows(y_pred, rows),
-                            _slice_rows(sample_weight, rows))
-        score = change_of_other_rows(losses[rows], alone, ())
-        if score > 1.0:
-            raise _loss_error(model, score, (
-                f"example {i}'s loss in the first training batch differs from"
-                " its loss in a batch of one"))
-    # The gradient of the compiled loss w.r.t. the other predictions.
+    y_pred = _values(y_pred)
     gradients = _prediction_gradients(compile_loss, y, y_pred, sample_weight)
-    changed = _prediction_gradients(
-        compile_loss, y_changed,
-        _replace_keeping_masks(y_pred, rows_j, rows_k), sample_weight)
-    score = change_of_other_rows(gradients, changed, rows_j)
-    if score > 1.0:
-        raise _loss_error(model, score, (
-            "replacing one example's (y, y_pred) in the first training batch"
-            " changed the gradient of the loss w.r.t. the other examples'"
-            " predictions"))
-
+    for i in rows:
+        first = i * group
+        copies = [_tiled(part, first, group)
+                  for part in (y, y_pred, sample_weight)]
+        changed = _prediction_gradients(
+            compile_loss, copies[0], _values(copies[1]), copies[2])
+        view_rows = list(range(first, first + group))
+        score = change_of_rows(gradients, changed, view_rows)
+        if score > 1.0:
+            raise loss_error(model, score, (
+                f"the gradient of the loss w.r.t. example {i}'s prediction"
+                " changed when the other examples of the batch were replaced"
+                " by copies of it"))

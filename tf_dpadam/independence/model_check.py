@@ -1,9 +1,9 @@
-"""The model's part of the independence check (package docstring, 1).
+"""The random state the check restores, the check of `augment`, and the
+layer that mixes (package docstring, 1 and 3).
 
-In training mode (with `augment` and `augmult` as the step applies them),
-example j's input is replaced by example k's, and no other example's output
-may change; every random and non-trainable state is restored around each
-pass, so random layers give no false alarm and the model is left as it was.
+Every random and non-trainable state is restored around each pass, so
+random layers draw the same numbers for a row in both batches (no false
+alarm) and the model is left as it was.
 """
 
 import warnings
@@ -14,17 +14,15 @@ import tensorflow as tf
 from tf_dpadam import augmentation
 from tf_dpadam import compat
 from tf_dpadam.independence import errors
-from tf_dpadam.independence.rows import change_of_other_rows
-from tf_dpadam.independence.rows import example_rows
+from tf_dpadam.independence.rows import change_of_rows
+from tf_dpadam.independence.rows import copies_of_row
 from tf_dpadam.independence.rows import num_rows
-from tf_dpadam.independence.rows import replace_row
-from tf_dpadam.independence.rows import replace_rows
 
 # --------------------------------------------------------------------------
 # Random and other state, restored around the passes.
 
 
-class _StateSnapshot:
+class StateSnapshot:
     """The values of every non-trainable variable and seed state of the
     given layers (and Keras' global seed generator), to restore."""
 
@@ -50,10 +48,17 @@ class _StateSnapshot:
 
 
 # --------------------------------------------------------------------------
-# The model.
+# The augmentation and the layers.
+
+# The random draws of `augment` the check tries at each checked batch: an
+# augmentation that mixes examples only in some batches (MixUp with
+# probability p per batch) escapes all of them with probability
+# (1 - p) ** AUGMENT_DRAWS.
+AUGMENT_DRAWS = 16
 
 
-def _layers_of(augment, model):
+def layers_of(augment, model):
+    """The layers whose state the check restores."""
     layers = [model]
     if isinstance(augment, keras.layers.Layer):
         layers.append(augment)
@@ -64,6 +69,48 @@ def _views(augment, augmult, x):
     if augment is None and augmult == 1:
         return x
     return augmentation.views(augment, x, augmult)
+
+
+def check_augment(augment, augmult, x, copies, rows, snapshot):
+    """Raises if `augment`'s view of example i (in `rows`) differs between
+    the batch and the copies of example i, in any of `AUGMENT_DRAWS` random
+    draws; warns if its draws cannot be replayed."""
+    if augment is None:
+        return
+    try:
+        for _ in range(AUGMENT_DRAWS):
+            # This draw's state (each draw starts where the last ended).
+            draw = StateSnapshot([augment] if isinstance(
+                augment, keras.layers.Layer) else [])
+            draw.add(compat.global_seed_generator_states())
+            views = _views(augment, augmult, x)
+            for i, batch in zip(rows, copies):
+                draw.restore()
+                again = _views(augment, augmult, batch)
+                view_rows = list(range(i * augmult, (i + 1) * augmult))
+                score = change_of_rows(views, again, view_rows)
+                if score <= 1.0:
+                    continue
+                draw.restore()
+                if change_of_rows(views, _views(augment, augmult, x),
+                                  view_rows) > 1.0:
+                    # Random state the guard cannot see (random ops
+                    # outside keras.random): the model is still checked.
+                    warnings.warn(
+                        f"make_private(augment={augment!r}): could not check"
+                        " that the augmentation treats each example on its"
+                        " own (its random draws are not reproducible with"
+                        " its keras.random.SeedGenerators restored; pass a"
+                        " Keras layer or model as `augment` so that they"
+                        " are). It must not mix examples (no MixUp or"
+                        " CutMix).", stacklevel=5)
+                    return
+                raise errors.mixing_error(
+                    f"make_private(augment={augment!r})", score,
+                    "The augmentation must transform each example on its"
+                    " own (no MixUp or CutMix).", errors.replaced_evidence(i))
+    finally:
+        snapshot.restore()
 
 
 def _intermediate_outputs_model(model):
@@ -91,92 +138,61 @@ def _intermediate_outputs_model(model):
         return None
 
 
-def _first_mixing_layer(model, x, x_changed, skipped, snapshot):
-    """The first layer of `model` whose outputs mix, or None."""
+def first_mixing_layer(model, views, views_copies, rows, snapshot):
+    """The first layer of `model` (functional or Sequential) whose training-
+    mode outputs for `rows` differ between the two batches, or None."""
     found = _intermediate_outputs_model(model)
     if found is None:
         return None
     layers, probe = found
-    rows = num_rows(x)
+    total = num_rows(views)
     try:
-        before = probe(x, training=True)
         snapshot.restore()
-        after = probe(x_changed, training=True)
+        before = probe(views, training=True)
         snapshot.restore()
+        after = probe(views_copies, training=True)
     except Exception:  # noqa: BLE001 - fall back to naming the model
         return None
+    finally:
+        snapshot.restore()
     for layer, a, b in zip(layers, before, after):
         leaves = [t for t in tf.nest.flatten(a) if t is not None]
         if not leaves or any(
-                len(t.shape) == 0 or t.shape[0] != rows for t in leaves):
+                len(t.shape) == 0 or t.shape[0] != total for t in leaves):
             continue  # Not one row per example: cannot be judged alone.
-        if change_of_other_rows(a, b, skipped) > 1.0:
+        if change_of_rows(a, b, rows) > 1.0:
             return layer
     return None
 
 
-def check_model(model, augment, augmult, x, j, k):
-    """Training-mode outputs for x and x with example j := k; raises if the
-    other examples' outputs differ."""
-    snapshot = _StateSnapshot(_layers_of(augment, model))
+def views_of(augment, augmult, x, snapshot):
+    """The rows the step clips for `x`, from the restored random state."""
+    snapshot.restore()
     try:
-        snapshot.add(compat.global_seed_generator_states())
-        views = _views(augment, augmult, x)
-        snapshot.restore()
-        x_changed = replace_row(x, j, k)
-        views_changed = _views(augment, augmult, x_changed)
-        snapshot.restore()
-        skipped = example_rows(j, augmult)
-        if augment is not None:
-            score = change_of_other_rows(views, views_changed, skipped)
-            if score > 1.0:
-                again = _views(augment, augmult, x)
-                snapshot.restore()
-                if change_of_other_rows(views, again, ()) <= 1.0:
-                    raise errors.mixing_error(
-                        f"make_private(augment={augment!r})", score,
-                        "The augmentation must transform each example on"
-                        " its own (no MixUp or CutMix).")
-                # Random state the guard cannot see (e.g. random layers
-                # inside a plain function): the augmentation cannot be
-                # checked, the model still is, on the same views.
-                warnings.warn(
-                    f"make_private(augment={augment!r}): could not check"
-                    " that the augmentation treats each example on its own"
-                    " (its random draws are not reproducible with the"
-                    " model's keras.random.SeedGenerators restored; pass a"
-                    " Keras layer or model as `augment` so that they are)."
-                    " It must not mix examples (no MixUp or CutMix).",
-                    stacklevel=4)
-                views_changed = replace_rows(
-                    views, skipped, example_rows(k, augmult))
-        y_pred = model(views, training=True)
-        snapshot.restore()
-        y_pred_changed = model(views_changed, training=True)
-        snapshot.restore()
-        score = change_of_other_rows(y_pred, y_pred_changed, skipped)
-        if score > 1.0:
-            again = model(views, training=True)
-            snapshot.restore()
-            if change_of_other_rows(y_pred, again, ()) > 1.0:
-                raise ValueError(
-                    f"Cannot check that model {model.name!r} treats the"
-                    " examples of a batch independently: its training-mode"
-                    " outputs are not reproducible even with every"
-                    " keras.random.SeedGenerator restored (a random op"
-                    " outside keras.random, e.g. tf.random.*?). Draw random"
-                    " numbers with keras.random and a"
-                    " keras.random.SeedGenerator." + errors.TURN_OFF
-                )
-            layer = _first_mixing_layer(model, views, views_changed,
-                                        skipped, snapshot)
-            if layer is None:
-                what = f"Model {model.name!r} ({type(model).__name__})"
-            else:
-                what = (f"Layer {layer.name!r} ({type(layer).__name__}) of"
-                        f" model {model.name!r}")
-            raise errors.mixing_error(what, score, errors.LAYER_CURE)
-        return y_pred, y_pred_changed
+        return _views(augment, augmult, x)
     finally:
         snapshot.restore()
 
+
+def check_outputs(model, x, rows):
+    """Raises if `model`'s training-mode outputs for an example of `rows`
+    change when the other rows of `x` are copies of it (the model alone,
+    without a loss or a step; `tf_dpadam.validate`)."""
+    snapshot = StateSnapshot([model])
+    snapshot.add(compat.global_seed_generator_states())
+    try:
+        base = model(x, training=True)
+        for i in rows:
+            snapshot.restore()
+            copies = copies_of_row(x, i)
+            score = change_of_rows(base, model(copies, training=True), [i])
+            if score > 1.0:
+                layer = first_mixing_layer(model, x, copies, [i], snapshot)
+                what = (f"Model {model.name!r} ({type(model).__name__})"
+                        if layer is None else
+                        f"Layer {layer.name!r} ({type(layer).__name__}) of"
+                        f" model {model.name!r}")
+                raise errors.mixing_error(what, score, errors.LAYER_CURE,
+                                          errors.replaced_evidence(i))
+    finally:
+        snapshot.restore()

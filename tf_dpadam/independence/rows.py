@@ -7,11 +7,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-RELATIVE_TOLERANCE = 1e-4
-LOW_PRECISION_RELATIVE_TOLERANCE = 1e-2
-ABSOLUTE_TOLERANCE = 1e-12
-# The rows whose one-example loss is compared with the batched one.
-SLICED_ROWS = 3
+# "Unchanged" is `|a' - a| <= ROUNDING_ULPS * eps(dtype) * scale + atol`:
+# the same row computed twice by the same program (same shapes, same random
+# draws) differs by float rounding at most (and in practice by nothing),
+# while a row that depends on the other rows of its batch moves by a
+# fraction of its scale once ALL of them are replaced.
+ROUNDING_ULPS = 64
+ABSOLUTE_TOLERANCE = 1e-30
 
 
 def num_rows(structure):
@@ -19,70 +21,78 @@ def num_rows(structure):
     return int(tf.shape(tf.nest.flatten(structure)[0])[0])
 
 
-def replace_row(structure, j, k):
-    """`structure` with row j of every leaf replaced by row k (dense or
-    ragged tensors; None stays None)."""
-    def replace(t):
-        if t is None:
-            return None
-        t = tf.convert_to_tensor(t) if not isinstance(
-            t, tf.RaggedTensor) else t
-        return tf.concat([t[:j], t[k:k + 1], t[j + 1:]], axis=0)
-
-    return tf.nest.map_structure(replace, structure)
-
-
-def replace_rows(structure, rows_j, rows_k):
-    """`replace_row` for several (j, k) pairs, in order."""
-    for j, k in zip(rows_j, rows_k):
-        structure = replace_row(structure, j, k)
-    return structure
+def _gather_rows(t, indices):
+    if t is None:
+        return None
+    if isinstance(t, tf.SparseTensor):
+        return tf.sparse.concat(0, [
+            tf.sparse.slice(t, [i] + [0] * (t.shape.rank - 1),
+                            [1] + list(t.dense_shape[1:].numpy()))
+            for i in indices], expand_nonconcat_dims=False)
+    if not isinstance(t, (tf.RaggedTensor, tf.Tensor)):
+        t = tf.convert_to_tensor(t)
+    return tf.gather(t, indices)
 
 
-def _row_values(t, i):
-    row = t[i]
-    if isinstance(row, tf.RaggedTensor):
-        return row.to_list()
-    return np.asarray(row)
+def copies_of_row(structure, i):
+    """`structure` with every row of every leaf replaced by row i (dense,
+    ragged or sparse tensors; None stays None): the batch in which example i
+    has no other example beside it, at the batch's own shape."""
+    n = num_rows(structure)
+    return tf.nest.map_structure(
+        lambda t: _gather_rows(t, [i] * n), structure)
 
 
-def distinct_row(structure, j):
-    """The first row k != j that differs from row j in some leaf, or None."""
-    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
-    for k in range(num_rows(structure)):
-        if k == j:
-            continue
-        for t in leaves:
-            a, b = _row_values(t, j), _row_values(t, k)
-            if isinstance(a, list):
-                if a != b:
-                    return k
-            elif a.shape != b.shape or not np.array_equal(a, b):
-                return k
-    return None
+def _differs_from_row(t, i):
+    """Whether some row of leaf `t` differs from its row i."""
+    if isinstance(t, tf.SparseTensor):
+        t = tf.sparse.to_dense(t)
+    if isinstance(t, tf.RaggedTensor):
+        rows = t.to_list()
+        return any(row != rows[i] for row in rows)
+    values = np.asarray(t)
+    if values.ndim == 0:
+        return False
+    flat = values.reshape(values.shape[0], -1)
+    return bool(np.any(flat != flat[i]))
+
+
+def has_distinct_row(structure, i):
+    """Whether some row differs from row i in some leaf (else the copies of
+    row i are the batch itself, and nothing can be learned from them)."""
+    return any(_differs_from_row(t, i)
+               for t in tf.nest.flatten(structure) if t is not None)
+
+
+# The unit in the last place (at 1) of each float type.
+_EPSILON = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7,
+            "float32": 2.0 ** -23, "float64": 2.0 ** -52}
 
 
 def relative_tolerance(dtype):
-    """The check's rtol for a tensor of `dtype` (package docstring)."""
-    dtype = tf.as_dtype(dtype)
-    if dtype.is_floating and dtype.size <= 2:
-        return LOW_PRECISION_RELATIVE_TOLERANCE
-    return RELATIVE_TOLERANCE
+    """`ROUNDING_ULPS` units in the last place of `dtype` (float32's for
+    anything that is not a float)."""
+    name = tf.as_dtype(dtype).name
+    return ROUNDING_ULPS * _EPSILON.get(name, _EPSILON["float32"])
 
 
 def _as_float64(t):
+    if isinstance(t, tf.SparseTensor):
+        t = tf.sparse.to_dense(t)
     if isinstance(t, tf.RaggedTensor):
         t = t.to_tensor()
     return np.asarray(keras.ops.convert_to_numpy(t)).astype("float64")
 
 
-def change_of_other_rows(before, after, skipped):
-    """How much the rows not in `skipped` changed, relative to the tolerance.
+def change_of_rows(before, after, rows):
+    """How much rows `rows` changed between two structures, relative to the
+    tolerance.
 
-    Returns the largest `max |a' - a| / (rtol * max |a| + atol)` over the
-    leaves of the structures (compared over all rows but `skipped`); > 1
-    means changed. Leaves whose leading dimension differs between `before`
-    and `after` count as changed (inf); NaNs in the same places are equal.
+    Returns the largest `|a' - a| / (rtol * scale + atol)` over the leaves
+    (`scale`: the largest finite |a| or |a'| of the compared rows of the
+    leaf; `rtol`: `relative_tolerance` of the leaf's dtype); > 1 means
+    changed. Leaves whose shapes differ count as changed (inf); NaNs in the
+    same places are equal; scalar leaves are compared whole.
     """
     worst = 0.0
     for a, b in zip(tf.nest.flatten(before), tf.nest.flatten(after)):
@@ -92,17 +102,15 @@ def change_of_other_rows(before, after, skipped):
         a, b = _as_float64(a), _as_float64(b)
         if a.shape != b.shape:
             return float("inf")
-        if a.ndim == 0:
-            keep_a, keep_b = a, b
-        else:
-            keep = np.ones(a.shape[0], bool)
-            keep[[i for i in skipped if i < a.shape[0]]] = False
-            keep_a, keep_b = a[keep], b[keep]
-        both_nan = np.isnan(keep_a) & np.isnan(keep_b)
-        diff = np.where(both_nan, 0.0, np.abs(keep_a - keep_b))
+        if a.ndim > 0:
+            a, b = a[list(rows)], b[list(rows)]
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(a - b))
         if np.isnan(diff).any():
             return float("inf")
-        finite = np.abs(a[np.isfinite(a)])
+        finite = np.abs(np.concatenate([a[np.isfinite(a)],
+                                        b[np.isfinite(b)]]))
         scale = float(finite.max()) if finite.size else 0.0
         if diff.size:
             worst = max(worst, float(diff.max())
