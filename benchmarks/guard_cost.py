@@ -1,11 +1,17 @@
-"""The one-time cost of the independence guard (`tf_dpadam.independence`).
+"""The cost of the independence guard (`tf_dpadam.independence`).
 
-    PYTHONPATH=. python benchmarks/guard_cost.py
+    PYTHONPATH=. python benchmarks/guard_cost.py [--steps=300] [--repeats=3]
 
 For a small MLP (B = 256, 20 features) and the paper's CNN on 28x28x1
-inputs (B = 256), prints the seconds of `independence.check` on a fresh
-model (eager, cold) and of the first `fit` step (trace and step included)
-with the guard on and off; the difference is what the guard adds once.
+inputs (B = 256), graph mode, prints from one run:
+
+* once: the first `fit` step (trace and step) with the guard on and off;
+* a warm check (`model.independence_guard.check(batch)` once the probe is
+  traced) against a step, and the steady-state cost that the check
+  adds at the default rate (`rate * check / step`, per step);
+* measured: the seconds per step of `--steps` steps with the guard on (at
+  its default rate) and off, alternated `--repeats` times, and their ratio
+  (noisy on a shared machine: the estimate above is the steadier number).
 """
 
 import time
@@ -14,12 +20,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import app
+from absl import flags
 
 import tf_dpadam
 from research import models
-from tf_dpadam import independence
 
 BATCH = 256
+
+_STEPS = flags.DEFINE_integer("steps", 300, "Steps per timed fit.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed fits per setting.")
 
 
 def _mlp():
@@ -35,10 +44,10 @@ def _cnn():
 def _private(build, check_independence):
     keras.utils.set_random_seed(0)
     private = tf_dpadam.make_private(
-        build(), seed=0, check_independence=check_independence)
+        build(), check_independence=check_independence)
     private.compile(
         optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0,
-                                  batch_size=BATCH, learning_rate=0.1),
+                                  batch_size=BATCH, learning_rate=0.01),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return private
 
@@ -56,27 +65,43 @@ def _seconds(fn):
     return time.perf_counter() - start
 
 
-def measure(name, build, shape):
+def measure(name, build, shape, steps, repeats):
     x, y = _data(shape)
-    data = (tf.constant(x), tf.constant(y))
-    private = _private(build, True)
-    check = _seconds(lambda: independence.check(private, data))
-    dataset = tf.data.Dataset.from_tensors((x, y))
-    first_step = {}
+    one = tf.data.Dataset.from_tensors((x, y))
+    many = one.repeat(steps)
+    models_by_setting, first = {}, {}
     for on in (False, True):
         private = _private(build, on)
-        first_step[on] = _seconds(
-            lambda: private.fit(dataset, epochs=1, verbose=0))
-    print(f"{name}: independence.check {check:.2f} s; first fit step"
-          f" {first_step[True]:.2f} s with the guard,"
-          f" {first_step[False]:.2f} s without")
+        first[on] = _seconds(lambda: private.fit(one, verbose=0))
+        models_by_setting[on] = private
+    guarded = models_by_setting[True]
+    guard = guarded.independence_guard
+    batch = (tf.constant(x), tf.constant(y))
+    check = min(_seconds(lambda: guard.check(batch)) for _ in range(3))
+    per_step = {False: [], True: []}
+    for _ in range(repeats):
+        for on in (False, True):
+            per_step[on].append(_seconds(lambda: models_by_setting[on].fit(
+                many, verbose=0)) / steps)
+    off, on = min(per_step[False]), min(per_step[True])
+    print(f"{name}:")
+    print(f"  once: first fit step {first[True]:.2f} s with the guard,"
+          f" {first[False]:.2f} s without")
+    print(f"  warm check {check * 1e3:.1f} ms = {check / off:.1f} steps;"
+          f" at rate {guard.rate:g} the guard adds"
+          f" {100 * guard.rate * check / off:.2f}% per step")
+    print(f"  measured: {on * 1e3:.2f} ms/step with the guard,"
+          f" {off * 1e3:.2f} ms/step without, ratio {on / off:.3f}"
+          f" (best of {repeats} x {steps} steps; {guard.checks} checks)")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    measure("MLP 20-64-64-10, B=256", _mlp, (20,))
-    measure("paper CNN 28x28x1, B=256", _cnn, (28, 28, 1))
+    measure("MLP 20-64-64-10, B=256", _mlp, (20,), _STEPS.value,
+            _REPEATS.value)
+    measure("paper CNN 28x28x1, B=256", _cnn, (28, 28, 1), _STEPS.value,
+            _REPEATS.value)
 
 
 if __name__ == "__main__":

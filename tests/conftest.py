@@ -13,7 +13,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # on, but not on every x86 CPU (an AMD EPYC here leaves it off). Without it,
 # TensorFlow's vectorizer fails on the per-example filter gradient of a
 # grouped convolution (InvalidArgumentError "filter_size does not have
-# enough elements, requested 144, got 72", inside pfor's while loop; an
-# open problem, see the layers guide), so the suite pins the kernels it
-# checks. Subprocesses (examples, replicas) inherit it.
+# enough elements, requested 144, got 72", inside pfor's while loop: the
+# vectorized path and ghost clipping's fallback units; the ghost rule for
+# grouped convolutions works without it, tests/ghost_grouped_convolution_
+# test.py), so the suite pins the kernels it checks. Subprocesses
+# (examples, replicas) inherit it.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

@@ -3,6 +3,8 @@
 import os
 
 import keras
+
+import tf_dpadam
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -39,6 +41,7 @@ class RuleLookupTest(parameterized.TestCase):
          "LayerNormalization"),
         ("conv1d", keras.layers.Conv1D(2, 3), "Conv"),
         ("conv2d", keras.layers.Conv2D(2, 3), "Conv"),
+        ("grouped_conv", keras.layers.Conv2D(4, 3, groups=2), "Conv"),
         ("subclass", _SubclassedDense(3), "Dense"),
     )
     def test_ghost(self, layer, name):
@@ -50,7 +53,8 @@ class RuleLookupTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         ("overridden_call", _OverridingDense(3), "call is overridden"),
-        ("grouped_conv", keras.layers.Conv2D(4, 3, groups=2), "groups > 1"),
+        ("grouped_ws_conv", tf_dpadam.layers.WSConv2D(4, 3, groups=2),
+         "groups > 1"),
         ("einsum_equation", keras.layers.EinsumDense("ab,bc->abc", (2, 3)),
          "equation 'ab,bc->abc'"),
         ("unknown", keras.layers.Conv3D(2, 3), "no ghost rule for Conv3D"),

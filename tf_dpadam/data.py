@@ -36,6 +36,13 @@ count in neither the loss nor the training metrics, `metrics` and
 `weighted_metrics` alike. A private model's `fit` on in-memory data builds
 this pipeline itself (`tf_dpadam.private_fit`).
 
+To preprocess or augment the batches, `batches.map_examples(fn)` runs
+`fn(x, y) -> (x, y)` on one example at a time and carries the weights
+through: still Poisson. `fit` refuses a `map` of your own on
+`batches.dataset`, which sees whole padded batches: dropping or replacing
+the weights makes the padding count, and batch statistics mix the
+examples; either moves a step's clipped sum by more than C.
+
 The amplification by subsampling assumes that nobody can tell which examples
 a step sampled, so the sampling is keyed by a secret: by default 63 bits from
 the operating system's CSPRNG (`step.seeds.secret_seed`), which no global seed

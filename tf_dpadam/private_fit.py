@@ -13,10 +13,16 @@ if the batches were Poisson samples. A private model's `fit` therefore:
   multiple of `GRAPH_PAD_MULTIPLE` rows. `fit(..., sampling="shuffled")`
   opts out: Keras' shuffled fixed batches, accounted without amplification;
 * on any other data records how it was sampled: tf_dpadam's Poisson
-  pipelines (also through `map`, `repeat`, `prefetch`) are Poisson; a
-  user's `tf.data.Dataset`, `keras.utils.PyDataset` or generator is not,
-  and since nothing says which rows its batches hold, every step is
-  accounted as one participation of every example.
+  pipelines (also through `PoissonBatches.map_examples`, `repeat`,
+  `prefetch`) are Poisson; a user's `tf.data.Dataset`,
+  `keras.utils.PyDataset` or generator is not, and since nothing says which
+  rows its batches hold, every step is accounted as one participation of
+  every example;
+* refuses a user's function (`map`, `flat_map`, ...) on Poisson batches
+  (`check_no_user_function`): on whole padded batches it may count the
+  padding (drop the weights of 0 that mark it) or mix examples (batch
+  statistics), which no accounting bounds. `PoissonBatches.map_examples`
+  runs one on each example, the weights carried through.
 
 The record is `model.sampling_plan` (a `tf_dpadam.accounting.plans` plan);
 each `fit` opens a segment of the model's privacy ledger with it
@@ -33,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_dpadam import compat
 from tf_dpadam import data as dp_data
 from tf_dpadam import pipeline
 from tf_dpadam import sampling as sampling_lib
@@ -145,11 +152,83 @@ def check_one_worker(strategy):
         )
 
 
+# tf.data transformations that run a user's function, by class name.
+_USER_FUNCTIONS = {
+    "_MapDataset": "map", "_ParallelMapDataset": "map",
+    "_MapAndBatchDataset": "map_and_batch", "_FlatMapDataset": "flat_map",
+    "_InterleaveDataset": "interleave",
+    "_ParallelInterleaveDataset": "interleave", "_ScanDataset": "scan",
+    "_GroupByWindowDataset": "group_by_window",
+}
+
+
+def _inputs(dataset):
+    """What `dataset` reads, past tf.data's own `map` in `unbatch` and
+    `rebatch` (`normalize_to_dense`, then a `_RestructuredDataset`)."""
+    inputs = list(compat.dataset_inputs(dataset))
+    if type(dataset).__name__ == "_RestructuredDataset":
+        return [j for i in inputs for j in compat.dataset_inputs(i)]
+    return inputs
+
+
+def user_function_on_poisson(dataset):
+    """The method ("map", "flat_map", ...) of a transformation upstream of
+    `dataset` that runs a user's function on the elements of tf_dpadam's
+    Poisson batches (or on rows or windows made of them), else None.
+
+    The search stops at the Poisson pipelines (the package's own
+    functions, `PoissonBatches.map_examples` too, are not looked into).
+    """
+    reads = {}  # id(dataset): whether it reads a Poisson pipeline
+
+    def reads_poisson(node):
+        if id(node) not in reads:
+            reads[id(node)] = bool(sampling_lib.poisson_plan_of(node)) or any(
+                map(reads_poisson, _inputs(node)))
+        return reads[id(node)]
+
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or sampling_lib.poisson_plan_of(node) is not None:
+            continue
+        seen.add(id(node))
+        method = _USER_FUNCTIONS.get(type(node).__name__)
+        if method is not None and any(map(reads_poisson, _inputs(node))):
+            return method
+        stack.extend(_inputs(node))
+    return None
+
+
+def check_no_user_function(dataset):
+    """`ValueError` for a user's function on Poisson batches, naming
+    `PoissonBatches.map_examples` and the other ways (see the module)."""
+    method = user_function_on_poisson(dataset)
+    if method is None:
+        return
+    raise ValueError(
+        f"fit got tf_dpadam's Poisson batches through a `{method}` of your"
+        " own. It runs on whole padded batches: it can drop or change the"
+        " sample weights (0) that mark the padding rows absent, so that the"
+        " padding counts, or mix the examples of a batch (e.g. standardize"
+        " by the batch's mean and std); one example then moves a step's"
+        " clipped sum by more than C, Poisson or not. Transform each example"
+        " with batches.map_examples(fn) instead (fn(x, y) -> (x, y) on one"
+        " example; the weights are carried through and the batches stay"
+        " Poisson). Put per-example (class) weights in the data:"
+        " poisson_batches((x, y, sample_weight), ...), or fit(x, y,"
+        " class_weight=...) on in-memory data. Normalize with statistics"
+        " fixed beforehand (in map_examples or the model), not the batch's.")
+
+
 def plan_of_data(x, accumulation_steps):
-    """The sampling plan of data that `fit` does not sample itself."""
+    """The sampling plan of data that `fit` does not sample itself (a
+    `ValueError` for a user's function on Poisson batches)."""
     plan = sampling_lib.poisson_plan_of(x)
     if plan is not None:
         return plan
+    if isinstance(x, tf.data.Dataset):
+        check_no_user_function(x)
     # Nothing says which rows a batch of a user's pipeline holds (a
     # `repeat`, a `take`, an un-shuffled slice, ...): every step may hold
     # every example, each of its k physical batches once.

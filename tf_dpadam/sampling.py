@@ -7,8 +7,10 @@ capacity M and the layout of a step (`make_layout`: M, the physical batch b,
 k = M / b, the overflow bound), the secret key that the sampling is keyed by
 (`resolve_key`), the public per-step nonces (`step_nonces`), the padding and
 splitting of a step's rows into k physical batches with the overflow check
-(`pad_and_split`), and the `tf.data` pipeline around a step's sampler
-(`pipeline`). See `data` for what the accounting assumes of them.
+(`pad_and_split`), the `tf.data` pipeline around a step's sampler
+(`pipeline`), and which datasets are such pipelines (`poisson_plan_of`,
+through `PoissonBatches.map_examples`). See `data` for what the accounting
+assumes of them.
 """
 
 import math
@@ -19,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpadam import compat
+from tf_dpadam import pipeline as pipeline_lib
 from tf_dpadam.step import seeds
 from tf_dpadam import validation
 from tf_dpadam.accounting import plans
@@ -50,12 +53,30 @@ class PoissonBatches(typing.NamedTuple):
     steps_per_epoch: int
     overflow_probability: float
 
+    def map_examples(self, fn):
+        """These batches with `fn(x, y) -> (x, y)` on each example.
+
+        The way to preprocess or augment Poisson batches: `fn` sees one
+        example at a time (padding rows too), the weights that mark the
+        padding absent pass through (`pipeline.map_each_example`), and
+        `fit` still accounts the batches at q = B / N. `fit` refuses a
+        `.map` of your own on `dataset`: it sees whole padded batches.
+
+        Raises:
+            ValueError: if `fn` does not return `(x, y)`, or `dataset` is
+                not a Poisson pipeline.
+        """
+        plan = poisson_plan_of(self.dataset)
+        if plan is None:
+            raise ValueError("Expected batches whose dataset is a Poisson"
+                             " pipeline, got one of unknown sampling.")
+        return self._replace(dataset=register_poisson(
+            pipeline_lib.map_each_example(self.dataset, fn), plan))
+
 
 def binomial_upper_tail(n, p, m):
     """P(Binomial(n, p) > m), summed exactly in log space."""
-    if m >= n:
-        return 0.0
-    if p <= 0:
+    if m >= n or p <= 0:
         return 0.0
     if p >= 1:
         return 1.0
@@ -283,19 +304,14 @@ def pad_and_split(rows, size, layout):
         padding = k * rows_per_batch - size
 
     def pad(rows):
-        zeros = tf.zeros(
-            tf.concat([[padding], tf.shape(rows)[1:]], 0), rows.dtype
-        )
+        zeros = tf.zeros(tf.concat([[padding], tf.shape(rows)[1:]], 0),
+                         rows.dtype)
         return tf.concat([rows, zeros], 0)
 
     bx, by, bw = tf.nest.map_structure(pad, rows)
     bw = tf.cast(bw, tf.float32)
-    return tf.nest.map_structure(
-        lambda t: tf.reshape(
-            t, tf.concat([[k, rows_per_batch], tf.shape(t)[1:]], 0)
-        ),
-        (bx, by, bw),
-    )
+    return tf.nest.map_structure(lambda t: tf.reshape(
+        t, tf.concat([[k, rows_per_batch], tf.shape(t)[1:]], 0)), (bx, by, bw))
 
 
 # The datasets (and `dataset_fn`s) of the Poisson pipelines, with their
@@ -303,14 +319,12 @@ def pad_and_split(rows, size, layout):
 # batches are the Poisson samples the accounting assumes.
 _POISSON_PLANS = weakref.WeakKeyDictionary()
 
-# tf.data transformations that keep each batch's rows as they are, so that
-# a Poisson pipeline stays one through them (`dataset.map(transform)`,
-# `.repeat()`, ...). Anything else (`unbatch`, `batch`, `shuffle`,
-# `filter`, ...) could change which examples a step holds: the result is
-# no longer known to be Poisson and is accounted without amplification.
+# tf.data transformations that keep each batch's rows as they are (a
+# Poisson pipeline stays one through them). Anything else (`unbatch`,
+# `shuffle`, a user's `map`: `fit` refuses those) is not known to be Poisson.
 _ROW_PRESERVING = frozenset((
-    "_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
-    "_RepeatDataset", "_OptionsDataset", "_AssertCardinalityDataset",
+    "_PrefetchDataset", "_RepeatDataset", "_OptionsDataset",
+    "_AssertCardinalityDataset",
 ))
 # Transformations that keep or drop whole batches (`take`, `skip`): every
 # batch kept is still a Poisson sample of its own step, but with k > 1
@@ -329,11 +343,10 @@ def poisson_plan_of(data):
     """The `PoissonPlan` of a Poisson pipeline's dataset, else None.
 
     Follows row-preserving transformations (`_ROW_PRESERVING`, and
-    `_WHOLE_BATCHES` when a step is one batch) back to the pipeline; a `tf.distribute` dataset made by
-    `strategy.distribute_datasets_from_function(batches.dataset_fn)` is
-    known by its `dataset_fn`. (Reads tf.data's and tf.distribute's private
-    `_inputs()` and `_dataset_fn` through `compat`; unknown datasets are
-    simply not Poisson.)
+    `_WHOLE_BATCHES` when a step is one batch) back to the pipeline (or its
+    `PoissonBatches.map_examples`); a `distribute_datasets_from_function(
+    batches.dataset_fn)` dataset is known by its `dataset_fn` (tf.data's
+    `_inputs()` and tf.distribute's `_dataset_fn`, through `compat`).
     """
     dataset_fn = compat.distributed_dataset_fn(data)
     if dataset_fn is not None:

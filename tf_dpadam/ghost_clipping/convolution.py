@@ -6,6 +6,11 @@ patches of the layer's input. The norms take the batch in chunks so that the
 patches of the whole batch never exist at once; the weighted sum needs no
 patches (one filter-gradient op on the factor-scaled input or output
 gradient). `Conv1D` is a `Conv2D` of height 1.
+
+With `groups` G > 1 the layer is G convolutions of C / G input and F / G
+output channels: an example's kernel gradient is theirs side by side on the
+filter axis (`GroupedBlock`), run on channel slices (TensorFlow 2.21 has no
+grouped-convolution gradient without oneDNN, `TF_ENABLE_ONEDNN_OPTS=0`).
 """
 
 import copy
@@ -122,7 +127,9 @@ class ConvolutionRule(rule.Rule):
 
     @classmethod
     def refusal(cls, layer):
-        if getattr(layer, "groups", 1) != 1:
+        # A kernel block of its own (WSConv2D's) sees the whole kernel.
+        if (getattr(layer, "groups", 1) != 1
+                and cls.kernel_block is not ConvolutionRule.kernel_block):
             return "groups > 1"
         return None
 
@@ -135,11 +142,7 @@ class ConvolutionRule(rule.Rule):
         if padding == "causal":
             x = ops.pad(x, compat.causal_padding(layer))
             padding = "valid"
-        z = conv = ops.conv(
-            x, self.kernel_value(), strides=list(layer.strides),
-            padding=padding, dilation_rate=layer.dilation_rate,
-            data_format=layer.data_format,
-        )
+        z = conv = self.convolve(x, padding)
         if layer.use_bias:
             if layer.data_format == "channels_last":
                 shape = (1,) * (layer.rank + 1) + (layer.filters,)
@@ -152,6 +155,18 @@ class ConvolutionRule(rule.Rule):
             "conv": conv, "taps": [z], "offsets": recording.offsets,
         })
         return layer.activation(z) if layer.activation is not None else z
+
+    def convolve(self, x, padding):
+        """The layer's convolution of `x`: with groups, one convolution per
+        group on its channel slices (differentiable without oneDNN)."""
+        layer, groups = self.layer, getattr(self.layer, "groups", 1)
+        axis = -1 if layer.data_format == "channels_last" else 1
+        outs = [ops.conv(a, k, strides=list(layer.strides), padding=padding,
+                         dilation_rate=layer.dilation_rate,
+                         data_format=layer.data_format)
+                for a, k in zip(_split(x, groups, axis),
+                                _split(self.kernel_value(), groups, -1))]
+        return outs[0] if groups == 1 else ops.concatenate(outs, axis=axis)
 
     def kernel_value(self):
         """The kernel the layer convolves with, its gradient stopped."""
@@ -177,9 +192,17 @@ class ConvolutionRule(rule.Rule):
         return inputs, grads, convs
 
     def kernel_block(self, recording, inputs, grads, convs):
-        """The kernel's block."""
+        """The kernel's block (with groups, one per group)."""
         del convs
-        return ConvolutionBlock(self.layer, inputs, grads, recording)
+        layer, groups = self.layer, getattr(self.layer, "groups", 1)
+        if groups == 1:
+            return ConvolutionBlock(layer, inputs, grads, recording)
+        shape = (*layer.kernel.shape[:-1], layer.kernel.shape[-1] // groups)
+        xs = [_split(x, groups, -1) for x, _ in inputs]
+        gs = [_split(g, groups, -1) for g in grads]
+        return GroupedBlock([ConvolutionBlock(
+            layer, [(x[j], pad) for x, (_, pad) in zip(xs, inputs)],
+            [g[j] for g in gs], recording, shape) for j in range(groups)])
 
     def blocks(self, recording, tap_grads):
         kernel, bias = self.variable("kernel"), self.variable("bias")
@@ -207,12 +230,12 @@ class ConvolutionBlock:
     smaller): one filter-gradient op, no patches.
     """
 
-    def __init__(self, layer, inputs, grads, recording):
+    def __init__(self, layer, inputs, grads, recording, shape=None):
         self.inputs, self.grads = inputs, grads
         # Examples are groups of this many consecutive rows (`grouped`).
         self.group_size = 1
         self.batch_size = recording.batch_size  # examples
-        self.shape = tuple(layer.kernel.shape)
+        self.shape = tuple(shape or layer.kernel.shape)  # one group's
         self.kernel_size = list(layer.kernel_size)
         self.strides = list(layer.strides)
         self.rates = list(layer.dilation_rate)
@@ -343,6 +366,32 @@ class ConvolutionBlock:
             ]
         matrix = tape.gradient(outputs, kernel, output_gradients=grads)
         return tf.reshape(matrix, self.shape)
+
+
+class GroupedBlock:
+    """A grouped convolution's kernel: its groups' blocks (`parts`)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def squared_norms(self, reg_grad=None, scale_sq=None):
+        count = len(self.parts)
+        regs, scales = ([None] * count if t is None else _split(t, count, -1)
+                        for t in (reg_grad, scale_sq))
+        return tf.add_n([part.squared_norms(reg, scale) for part, reg, scale
+                         in zip(self.parts, regs, scales)])
+
+    def weighted_sum(self, factors):
+        return tf.concat([part.weighted_sum(factors) for part in self.parts],
+                         axis=-1)
+
+    def grouped(self, size):
+        return GroupedBlock([part.grouped(size) for part in self.parts])
+
+
+def _split(t, groups, axis):
+    """`t` as `groups` equal slices on `axis` (`[t]` for one group)."""
+    return [t] if groups == 1 else ops.split(t, groups, axis=axis)
 
 
 def _example_size(t):
