@@ -10,7 +10,8 @@ inputs (B = 256), graph mode, prints from one run:
   traced) against a step, and the steady-state cost that the check
   adds at the default rate (`rate * check / step`, per step);
 * measured: the seconds per step of `--steps` steps with the guard on (at
-  its default rate) and off, alternated `--repeats` times, and their ratio
+  its default rate) and off, alternated `--repeats` times (means), and
+  their ratio
   (noisy on a shared machine: the estimate above is the steadier number).
 """
 
@@ -83,7 +84,7 @@ def measure(name, build, shape, steps, repeats):
         for on in (False, True):
             per_step[on].append(_seconds(lambda: models_by_setting[on].fit(
                 many, verbose=0)) / steps)
-    off, on = min(per_step[False]), min(per_step[True])
+    off, on = np.mean(per_step[False]), np.mean(per_step[True])
     print(f"{name}:")
     print(f"  once: first fit step {first[True]:.2f} s with the guard,"
           f" {first[False]:.2f} s without")
@@ -92,7 +93,8 @@ def measure(name, build, shape, steps, repeats):
           f" {100 * guard.rate * check / off:.2f}% per step")
     print(f"  measured: {on * 1e3:.2f} ms/step with the guard,"
           f" {off * 1e3:.2f} ms/step without, ratio {on / off:.3f}"
-          f" (best of {repeats} x {steps} steps; {guard.checks} checks)")
+          f" (mean of {repeats} x {steps} steps, alternated;"
+          f" {guard.checks} checks in all)")
 
 
 def main(argv):

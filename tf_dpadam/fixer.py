@@ -172,10 +172,11 @@ def validate(model: keras.Model, *, clipping: str = "auto",
       would run inside a vectorized map of per-example gradients (a
       trainable RNN, or any RNN on the vectorized path): XLA does not
       compile it and the first step raises;
-    * given a batch `x`, the model part of the independence check that the
-      first step runs (`tf_dpadam.independence`): replacing one example must
-      change no other example's training-mode outputs; this finds custom
-      layers that mix examples, which no list of classes can;
+    * given a batch `x`, the outputs part of the independence check that
+      training runs (`tf_dpadam.independence`): an example's training-mode
+      outputs must not change when every other example is replaced by a
+      copy of it; this finds custom layers that mix examples, which no list
+      of classes can;
     * warnings (`severity="warning"`), as `make_private` and the step give
       them: layers whose state comes from `adapt` (not private unless
       adapted on public data), and a model without trainable weights.
@@ -191,9 +192,8 @@ def validate(model: keras.Model, *, clipping: str = "auto",
         clipping: "auto", "ghost" or "vectorized", as `make_private`'s.
         jit_compile: whether the private model will be compiled with XLA.
         x: None, or a batch of inputs (at least two distinct examples) on
-            which to run the model part of the independence check that the
-            first training step runs: this finds custom layers that mix
-            examples. Random layers are replayed and every state restored.
+            which to run the outputs part of the independence check that
+            training runs: this finds custom layers that mix examples. Random layers are replayed and every state restored.
 
     Returns:
         A list of `Problem`s, empty if `make_private` accepts the model.

@@ -44,9 +44,9 @@ the user's model, loss and training batches:
    changes nothing in the traced step (as in Keras): a warning says so,
    once.
 
-"Unchanged" means `|a' - a| <= ROUNDING_ULPS * eps(dtype) * scale` per
-tensor (64 units in the last place; `scale` is the largest |value| of the
-compared rows): both sides are the same program on batches of the same
+"Unchanged" means `abs(a' - a) <= ROUNDING_ULPS * eps(dtype) * scale`
+per tensor (64 units in the last place; `scale` is the largest absolute
+value of the compared rows): both sides are the same program on batches of the same
 shape, so a per-example model differs by float rounding at most (and in
 practice by nothing), while a mixing one moves by a fraction of its scale.
 

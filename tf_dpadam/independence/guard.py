@@ -186,9 +186,9 @@ def check(model, data, probe=None, rng=None, check_loss=True):
         if y_pred is None and model.clipping_used == "vectorized":
             y_pred = compare_outputs()
         if check_loss:
-            if y_pred is None:
+            if y_pred is None:  # Once per compiled loss: not traced.
                 snapshot.restore()
-                y_pred = probe.outputs(*batch)[0]
+                y_pred = probe.outputs(*batch, eager=True)[0]
             y_rows, weight_rows = augmentation.repeat_examples(
                 (y, sample_weight), group)
             loss_check.check_loss_gradients(model, y_rows, weight_rows,

@@ -59,7 +59,8 @@ class Probe:
 
         jit_compile = model.jit_compile is True
         return [tf.function(f, jit_compile=jit_compile,
-                            reduce_retracing=True) for f in (outputs, norms)]
+                            reduce_retracing=True)
+                for f in (outputs, norms)] + [outputs]
 
     def _function(self, index):
         key = state_key(self._model)
@@ -67,8 +68,9 @@ class Probe:
             self._functions, self._key = self._make(), key
         return self._functions[index]
 
-    def outputs(self, x, y, sample_weight):
-        return self._function(0)(x, y, sample_weight)
+    def outputs(self, x, y, sample_weight, eager=False):
+        """Eagerly for a single call (no trace), else compiled."""
+        return self._function(2 if eager else 0)(x, y, sample_weight)
 
     def norms(self, x, y, sample_weight):
         return self._function(1)(x, y, sample_weight)

@@ -88,9 +88,9 @@ def change_of_rows(before, after, rows):
     """How much rows `rows` changed between two structures, relative to the
     tolerance.
 
-    Returns the largest `|a' - a| / (rtol * scale + atol)` over the leaves
-    (`scale`: the largest finite |a| or |a'| of the compared rows of the
-    leaf; `rtol`: `relative_tolerance` of the leaf's dtype); > 1 means
+    Returns the largest `abs(a' - a) / (rtol * scale + atol)` over the
+    leaves (`scale`: the largest finite absolute value of a or a' in the
+    compared rows of the leaf; `rtol`: `relative_tolerance` of the leaf's dtype); > 1 means
     changed. Leaves whose shapes differ count as changed (inf); NaNs in the
     same places are equal; scalar leaves are compared whole.
     """
