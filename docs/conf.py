@@ -11,7 +11,8 @@ docstrings (autodoc, Google style through napoleon).
 import os
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
 sys.path.insert(0, _ROOT)
 # Quiet TensorFlow's C++ logging while autodoc imports the package.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -45,19 +46,31 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-# The research results pages (moving to research/results/) and the build
-# output are not part of the site.
-exclude_patterns = [
-    "_build",
-    "RESULTS*",
-    "ABLATIONS*",
-    "BEST_RECIPE*",
-    "DIAGNOSTICS*",
-    "FINETUNE*",
-    "REGIME_MAP*",
-]
 
-myst_enable_extensions = ["dollarmath"]
+
+def _fragments(folder):
+    """The Markdown files under `folder` (relative to docs/) that start with
+    no `# ` title: parts a guide includes (`{include}`), not pages."""
+    out = []
+    for parent, _, names in os.walk(os.path.join(_HERE, folder),
+                                    followlinks=True):
+        for name in sorted(names):
+            if not name.endswith(".md"):
+                continue
+            path = os.path.join(parent, name)
+            with open(path, encoding="utf-8") as f:
+                first = next((line for line in f if line.strip()), "")
+            if not first.startswith("# "):
+                out.append(os.path.relpath(path, _HERE).replace(os.sep, "/"))
+    return out
+
+
+# docs/research/results is a link to the repository's research/results/:
+# its pages (the results tables the guides cite) are pages of the site, and
+# the guides' links to them (../../research/results/X.md, which GitHub
+# follows) lead there (_link_repository_files).
+exclude_patterns = ["_build"] + _fragments("research/results")
+
 myst_heading_anchors = 3
 
 # `name` in a docstring is code, as it is in the Markdown guides.
@@ -76,34 +89,36 @@ napoleon_use_rtype = False
 # Attributes of NamedTuples as fields, not a second description of each.
 napoleon_use_ivar = True
 
-html_theme = "alabaster"
+# Furo: its content column fits about 90 characters of code (an 88-character
+# line, black's default, shows whole; tests/docs_test.py holds the pages'
+# code blocks to that). alabaster's column cut code off at about 75.
+html_theme = "furo"
 html_title = "tf_dpadam"
+# Everything a page loads comes with the site: no MathJax (the guides write
+# their few formulas in Unicode, and no extension adds math support), no
+# web fonts, nothing from a CDN. tests/docs_test.py checks the built pages.
 
 
 def _link_repository_files(app, doctree):
-    """Links from a guide to a Markdown file of the repository outside docs/
-    (research/README.md, research/results/...) point at that file in the
-    checkout, relative to the built page, as they do on GitHub; MyST would
-    look for a page of the site. A missing file is left to MyST to report."""
-    from docutils import nodes  # pylint: disable=import-outside-toplevel
+    """A guide's link to a page of the repository outside docs/ that the site
+    also has (../../research/results/X.md: the link GitHub follows) leads to
+    that page of the site (research/results/X), which docs/research/results
+    brings in. MyST reports any other link out of docs/ as a missing
+    document: the site has no page there."""
     from sphinx import addnodes  # pylint: disable=import-outside-toplevel
 
     source = os.path.abspath(app.srcdir)
-    page_dir = os.path.join(os.path.abspath(app.outdir),
-                            os.path.dirname(app.env.docname))
-    for node in list(doctree.findall(addnodes.pending_xref)):
-        target = os.path.normpath(os.path.join(source,
-                                               node.get("reftarget", "")))
-        if node.get("reftype") != "myst" or target.startswith(source + os.sep):
+    for node in doctree.findall(addnodes.pending_xref):
+        if node.get("reftype") != "myst" or node.get("refdomain") != "doc":
             continue
-        path = target if os.path.isfile(target) else target + ".md"
-        if not os.path.isfile(path):
+        # MyST names the target as a path relative to docs/ (../research/...).
+        target = os.path.normpath(os.path.join(source, node["reftarget"]))
+        if target.startswith(source + os.sep) or not target.startswith(
+                _ROOT + os.sep):
             continue
-        anchor = node.get("reftargetid")
-        uri = os.path.relpath(path, page_dir) + (f"#{anchor}" if anchor else "")
-        reference = nodes.reference("", "", internal=False, refuri=uri)
-        reference += [child.deepcopy() for child in node.children]
-        node.replace_self(reference)
+        docname = os.path.relpath(target, _ROOT).replace(os.sep, "/")
+        if docname in app.env.found_docs:
+            node["reftarget"] = docname
 
 
 def setup(app):
