@@ -45,8 +45,8 @@ the user's model, loss and training batches:
    once.
 
 "Unchanged" means `abs(a' - a) <= ROUNDING_ULPS * eps(dtype) * scale`
-per tensor (64 units in the last place; `scale` is the largest absolute
-value of the compared rows): both sides are the same program on batches of the same
+per tensor, plus `ABSOLUTE_TOLERANCE` (1e-30) (64 units in the last
+place; `scale` is the largest absolute value of the compared rows): both sides are the same program on batches of the same
 shape, so a per-example model differs by float rounding at most (and in
 practice by nothing), while a mixing one moves by a fraction of its scale.
 
@@ -64,6 +64,9 @@ forward and backward passes, as a step without the update) and the loss a
 few times; the steady-state cost at `CHECK_RATE` is in the performance guide
 (benchmarks/guard_cost.py). `make_private(check_independence=False)` turns
 it off, for models the user has verified.
+
+`check` takes the batch's tensors as they are if they are one of
+`composite_types` (dense, ragged or sparse tensors), else converts them.
 
 Modules: `rows` (pure helpers on `[rows, ...]` structures and the
 tolerance), `probe` (what is compared), `model_check` (random state,

@@ -21,6 +21,8 @@ from tf_dpadam.independence.rows import copies_of_row
 from tf_dpadam.independence.rows import example_rows
 from tf_dpadam.independence.rows import has_distinct_row
 from tf_dpadam.independence.rows import num_rows
+from tf_dpadam.independence.rows import tiled_rows
+from tf_dpadam.step import train_step as train_step_lib
 
 composite_types = (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)
 
@@ -61,13 +63,11 @@ def _not_reproducible(model):
         " keras.random.SeedGenerator." + errors.TURN_OFF)
 
 
-def _layer_error(model, x, copies_x, i, score, snapshot):
+def _layer_error(model, views, views_copies, i, score, snapshot):
     """The error for example i, whose outputs differ: names the first layer
-    whose outputs for it differ, else the model."""
+    whose outputs for it differ (between the step's rows of the batch and
+    of its copies), else the model."""
     rows = example_rows(i, model.augmult)
-    views = model_check.views_of(model.augment, model.augmult, x, snapshot)
-    views_copies = model_check.views_of(model.augment, model.augmult,
-                                        copies_x, snapshot)
     base_model = model.base_model
     layer = model_check.first_mixing_layer(base_model, views, views_copies,
                                            rows, snapshot)
@@ -77,6 +77,36 @@ def _layer_error(model, x, copies_x, i, score, snapshot):
             f" {base_model.name!r}")
     return errors.mixing_error(what, score, errors.LAYER_CURE,
                                errors.replaced_evidence(i))
+
+
+def _passes(model, probe, batch, rows, snapshot, replayable):
+    """`(batch, copies, outputs, norms, views)`: the arguments of the
+    probe's two functions for the batch and for each example's copies, and
+    a function of the arguments that gives the step's rows of x.
+
+    With an `augment` whose draws cannot be replayed, its views are made
+    once and the copies are copies of example i's views (the augmentation
+    itself is then not checked; a warning said so)."""
+    if replayable:
+        def views(args):
+            return model_check.views_of(model.augment, model.augmult,
+                                        args[0], snapshot)
+
+        return (batch, [copies_of_row(batch, i) for i in rows],
+                probe.outputs, probe.norms, views)
+    x, y, sample_weight = batch
+    group = model.augmult
+    snapshot.restore()
+    rows_of_step = (model_check.views_of(model.augment, group, x, snapshot),
+                    *augmentation.repeat_examples((y, sample_weight), group))
+    present = train_step_lib.present_examples(x, sample_weight)
+    copies = [tuple(tiled_rows(part, i * group, group)
+                    for part in rows_of_step) + (tf.ones_like(present),)
+              for i in rows]
+    return (rows_of_step + (present,), copies,
+            lambda x, y, w, _, **kw: probe.outputs(x, y, w, given=True,
+                                                   **kw),
+            probe.norms, lambda args: args[0])
 
 
 def _compare(model, function, batch, copies, rows, snapshot, raise_for):
@@ -144,13 +174,14 @@ def check(model, data, probe=None, rng=None, check_loss=True):
         if check_only:
             return max(out, loss) > 1.0
         if out > 1.0:
-            raise _layer_error(model, x, copies[rows.index(i)][0], i, out,
+            raise _layer_error(model, views(batch),
+                               views(copies[rows.index(i)]), i, out,
                                snapshot)
         raise loss_check.loss_error(model, loss,
                                     errors.replaced_evidence(i, "loss"))
 
     def compare_outputs():
-        return _compare(model, probe.outputs, batch, copies, rows, snapshot,
+        return _compare(model, outputs, batch, copies, rows, snapshot,
                         outputs_changed)[0]
 
     def norm_changed(i, base, other, check_only):
@@ -164,9 +195,11 @@ def check(model, data, probe=None, rng=None, check_loss=True):
                 i, "gradient norm (as the private step computes it)"))
 
     try:
-        copies = [copies_of_row(batch, i) for i in rows]
-        model_check.check_augment(model.augment, group, x,
-                                  [c[0] for c in copies], rows, snapshot)
+        replayable = model_check.check_augment(
+            model.augment, group, x,
+            [copies_of_row(x, i) for i in rows], rows, snapshot)
+        batch, copies, outputs, norms, views = _passes(
+            model, probe, batch, rows, snapshot, replayable)
         # Ghost clipping's norms come from the batch's own forward and
         # backward pass: a model or loss that mixes changes them, and the
         # outputs are compared only to say which. The vectorized path
@@ -175,7 +208,7 @@ def check(model, data, probe=None, rng=None, check_loss=True):
         if model.clipping == "vectorized":
             y_pred = compare_outputs()
         try:
-            _compare(model, probe.norms, batch, copies, rows, snapshot,
+            _compare(model, norms, batch, copies, rows, snapshot,
                      norm_changed)
         except (tf.errors.OpError, ValueError, TypeError) as error:
             if y_pred is not None or isinstance(error, ValueError) and (
@@ -188,7 +221,7 @@ def check(model, data, probe=None, rng=None, check_loss=True):
         if check_loss:
             if y_pred is None:  # Once per compiled loss: not traced.
                 snapshot.restore()
-                y_pred = probe.outputs(*batch, eager=True)[0]
+                y_pred = outputs(*batch, eager=True)[0]
             y_rows, weight_rows = augmentation.repeat_examples(
                 (y, sample_weight), group)
             loss_check.check_loss_gradients(model, y_rows, weight_rows,

@@ -20,7 +20,7 @@ import tensorflow as tf
 from tf_dpadam import compat
 from tf_dpadam.independence import errors
 from tf_dpadam.independence.rows import change_of_rows
-from tf_dpadam.independence.rows import num_rows
+from tf_dpadam.independence.rows import tiled_rows
 
 
 def _values(structure):
@@ -31,17 +31,6 @@ def _values(structure):
     return tf.nest.map_structure(
         lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t,
         structure)
-
-
-def _tiled(structure, first, group):
-    """`structure` with its rows replaced by rows `first` to
-    `first + group - 1` (example i's K views), repeated."""
-    if structure is None:
-        return None
-    n = num_rows(structure)
-    indices = [first + r % group for r in range(n)]
-    return tf.nest.map_structure(
-        lambda t: None if t is None else tf.gather(t, indices), structure)
 
 
 def _prediction_gradients(compile_loss, y, y_pred, sample_weight):
@@ -88,7 +77,7 @@ def check_loss_gradients(model, y, sample_weight, y_pred, rows, group):
     gradients = _prediction_gradients(compile_loss, y, y_pred, sample_weight)
     for i in rows:
         first = i * group
-        copies = [_tiled(part, first, group)
+        copies = [tiled_rows(part, first, group)
                   for part in (y, y_pred, sample_weight)]
         changed = _prediction_gradients(
             compile_loss, copies[0], _values(copies[1]), copies[2])

@@ -74,9 +74,10 @@ def _views(augment, augmult, x):
 def check_augment(augment, augmult, x, copies, rows, snapshot):
     """Raises if `augment`'s view of example i (in `rows`) differs between
     the batch and the copies of example i, in any of `AUGMENT_DRAWS` random
-    draws; warns if its draws cannot be replayed."""
+    draws. Returns False (and warns) if its draws cannot be replayed, else
+    True."""
     if augment is None:
-        return
+        return True
     try:
         for _ in range(AUGMENT_DRAWS):
             # This draw's state (each draw starts where the last ended).
@@ -104,13 +105,14 @@ def check_augment(augment, augmult, x, copies, rows, snapshot):
                         " Keras layer or model as `augment` so that they"
                         " are). It must not mix examples (no MixUp or"
                         " CutMix).", stacklevel=5)
-                    return
+                    return False
                 raise errors.mixing_error(
                     f"make_private(augment={augment!r})", score,
                     "The augmentation must transform each example on its"
                     " own (no MixUp or CutMix).", errors.replaced_evidence(i))
     finally:
         snapshot.restore()
+    return True
 
 
 def _intermediate_outputs_model(model):

@@ -41,17 +41,19 @@ class Probe:
     def _make(self):
         model = self._model
 
-        def outputs(x, y, sample_weight):
-            x, y, sample_weight, _ = train_step_lib.views(
-                model, x, y, sample_weight)
+        def outputs(x, y, sample_weight, given=False):
+            if not given:  # Else x, y and the weights are the step's rows.
+                x, y, sample_weight, _ = train_step_lib.views(
+                    model, x, y, sample_weight)
             y_pred = model.base_model(x, training=True)
             losses = per_example_loss.compiled_loss_fn(model)(
                 y, y_pred, sample_weight)
             return y_pred, losses
 
-        def norms(x, y, sample_weight):
-            x, y, sample_weight, present = train_step_lib.views(
-                model, x, y, sample_weight)
+        def norms(x, y, sample_weight, present=None):
+            if present is None:  # Else x, y and the weights are the rows.
+                x, y, sample_weight, present = train_step_lib.views(
+                    model, x, y, sample_weight)
             # The norms do not depend on the clip norm.
             _, found, _, _ = train_step_lib.clipped_sum_by_mode(
                 model, x, y, sample_weight, present, 1.0)
@@ -68,9 +70,14 @@ class Probe:
             self._functions, self._key = self._make(), key
         return self._functions[index]
 
-    def outputs(self, x, y, sample_weight, eager=False):
-        """Eagerly for a single call (no trace), else compiled."""
-        return self._function(2 if eager else 0)(x, y, sample_weight)
+    def outputs(self, x, y, sample_weight, eager=False, given=False):
+        """Eagerly for a single call (no trace), else compiled; `given`:
+        `x`, `y` and `sample_weight` are the step's rows already (the views
+        of an `augment` whose draws cannot be replayed)."""
+        return self._function(2 if eager else 0)(x, y, sample_weight,
+                                                 given=given)
 
-    def norms(self, x, y, sample_weight):
-        return self._function(1)(x, y, sample_weight)
+    def norms(self, x, y, sample_weight, present=None):
+        """`present` given: `x`, `y` and `sample_weight` are the step's
+        rows already, `present` per example."""
+        return self._function(1)(x, y, sample_weight, present=present)

@@ -34,6 +34,17 @@ def _gather_rows(t, indices):
     return tf.gather(t, indices)
 
 
+def tiled_rows(structure, first, group):
+    """`structure` with its rows replaced by rows `first` to
+    `first + group - 1` (example i's K views), repeated."""
+    if structure is None:
+        return None
+    n = num_rows(structure)
+    indices = [first + r % group for r in range(n)]
+    return tf.nest.map_structure(
+        lambda t: _gather_rows(t, indices), structure)
+
+
 def copies_of_row(structure, i):
     """`structure` with every row of every leaf replaced by row i (dense,
     ragged or sparse tensors; None stays None): the batch in which example i
