@@ -5,7 +5,10 @@ Build it (warnings are errors, as in tests/docs_test.py):
     python -m sphinx -W -b html docs docs/_build/html
 
 The guides are Markdown (MyST); the API reference is generated from the
-docstrings (autodoc, Google style through napoleon).
+docstrings (autodoc, Google style through napoleon); the research results
+pages the guides cite come from research/results/ (docs/research/results is
+a link to it). The theme is Furo, and the built site loads nothing from
+elsewhere: it reads offline.
 """
 
 import os
@@ -89,11 +92,14 @@ napoleon_use_rtype = False
 # Attributes of NamedTuples as fields, not a second description of each.
 napoleon_use_ivar = True
 
-# Furo: its content column fits about 90 characters of code (an 88-character
-# line, black's default, shows whole; tests/docs_test.py holds the pages'
-# code blocks to that). alabaster's column cut code off at about 75.
+# Furo: its 46em column shows about 90 characters of code at the default
+# font sizes (alabaster's cut code off at about 75). tests/docs_test.py holds
+# the Python and text blocks of the pages to 88 characters a line; shell
+# commands wrap instead (_static/tf_dpadam.css).
 html_theme = "furo"
 html_title = "tf_dpadam"
+html_static_path = ["_static"]
+html_css_files = ["tf_dpadam.css"]
 # Everything a page loads comes with the site: no MathJax (the guides write
 # their few formulas in Unicode, and no extension adds math support), no
 # web fonts, nothing from a CDN. tests/docs_test.py checks the built pages.

@@ -26,14 +26,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import keras
 import numpy as np
 
-import tf_dpadam
-from tf_dpadam import audit
+import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam import command_line
 
-LEARNING_RATES = {"dpsgd": 4.0, "dpadam": 1e-3, "dpadam_corrected": 1e-3}
+# --optimizer: tf_dpadam's class and the learning rate.
+OPTIMIZERS = {"dpsgd": ("DPSGD", 4.0), "dpadam": ("DPAdam", 1e-3),
+              "dpadam_corrected": ("DPAdamCorrected", 1e-3),
+              "dpadam_stp": ("DPAdamScaleThenPrivatize", 1e-3),
+              "dpadam_disk": ("DPAdamDiSK", 1e-3)}
+BREAKS = ["none", "no_noise", "no_clipping"]  # tf_dpadam.audit.BREAKS
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
 
 flags.DEFINE_float("noise_multiplier", 2.0, "sigma.", lower_bound=0)
@@ -43,9 +46,9 @@ flags.DEFINE_integer("batch_size", 50, "B, the expected batch size.",
 flags.DEFINE_integer("train_size", 2000, "N, the training examples.",
                      lower_bound=1)
 flags.DEFINE_integer("steps", 400, "T, the DP steps.", lower_bound=1)
-flags.DEFINE_enum("optimizer", "dpadam_corrected", list(LEARNING_RATES),
-                  "Update rule on the privatized gradient.")
-flags.DEFINE_float("learning_rate", None, "Default: the paper's.")
+flags.DEFINE_enum("optimizer", "dpadam_corrected", list(OPTIMIZERS),
+                  ", ".join(c for c, _ in OPTIMIZERS.values()) + ".")
+flags.DEFINE_float("learning_rate", None, "Default: 4 (dpsgd), 1e-3 (others).")
 flags.DEFINE_integer("num_canaries", 1000, "m, the canaries.", lower_bound=1)
 flags.DEFINE_integer("num_guesses", 200, "r: guess 'included' for the r/2"
                      " highest scores, 'excluded' for the r/2 lowest.",
@@ -57,7 +60,7 @@ flags.DEFINE_float("canary_norm", 10.0, "A gradient canary's norm / C.",
 flags.DEFINE_enum("score", "gradients", ["gradients", "movement"],
                   "Gradient canaries' score: the privatized gradients' sum"
                   " along the canary, or its weight's movement.")
-flags.DEFINE_enum("break", "none", list(audit.BREAKS), "Break the privatizer"
+flags.DEFINE_enum("break", "none", BREAKS, "Break the privatizer"
                   " (NOT private; for testing the auditor only).")
 flags.DEFINE_float("delta", 1e-5, "delta of the claim.")
 flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound.")
@@ -89,6 +92,7 @@ def load_fashion_mnist(folder):
 
 def make_cnn(input_shape, num_classes):
     """The paper's 5-layer tanh CNN (see examples/train_image.py)."""
+    import keras  # pylint: disable=g-import-not-at-top
     layers = [keras.Input(input_shape)]
     for filters in (32, 64, 128):
         layers += [keras.layers.Conv2D(filters, 3, padding="same",
@@ -109,7 +113,14 @@ def main(argv):
     if broken != "none":
         print(f"*** --break={broken}: the privatizer is DELIBERATELY BROKEN;"
               " this run is NOT private (testing the auditor) ***")
-    (x_train, y_train), (x_test, y_test) = load_fashion_mnist(FLAGS.data_dir)
+    try:
+        (x_train, y_train), (x_test, y_test) = load_fashion_mnist(
+            FLAGS.data_dir)
+    except OSError as error:
+        raise app.UsageError(f"--data_dir: {error}; it must hold Fashion-"
+                             "MNIST's four *-ubyte.gz files") from error
+    import keras  # pylint: disable=g-import-not-at-top
+    audit = tf_dpadam.audit
     rng = np.random.default_rng(FLAGS.seed)
     subset = rng.choice(len(x_train), FLAGS.train_size, replace=False)
     x, y = x_train[subset], y_train[subset]
@@ -128,14 +139,13 @@ def main(argv):
     dp = dict(l2_norm_clip=FLAGS.l2_norm_clip, batch_size=FLAGS.batch_size,
               noise_multiplier=FLAGS.noise_multiplier,
               learning_rate=(FLAGS.learning_rate
-                             or LEARNING_RATES[FLAGS.optimizer]),
+                             or OPTIMIZERS[FLAGS.optimizer][1]),
               gradient_accumulation_steps=(batches.accumulation_steps
                                            if batches.accumulation_steps > 1
                                            else None))
-    optimizer = {"dpsgd": lambda: tf_dpadam.DPSGD(**dp),
-                 "dpadam": lambda: tf_dpadam.DPAdam(epsilon=1e-8, **dp),
-                 "dpadam_corrected": lambda: tf_dpadam.DPAdamCorrected(**dp),
-                 }[FLAGS.optimizer]()
+    optimizer = getattr(tf_dpadam, OPTIMIZERS[FLAGS.optimizer][0])(
+        **dp, **({} if FLAGS.optimizer in ("dpsgd", "dpadam_corrected")
+                 else dict(epsilon=1e-8)))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

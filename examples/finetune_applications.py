@@ -14,6 +14,7 @@ applications take); ImageNet weights need the internet (--weights=none
 trains from scratch, offline).
 """
 
+import glob
 import os
 import sys
 
@@ -21,17 +22,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import keras
 import numpy as np
 
-import tf_dpadam
+import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam import command_line
 
-APPLICATIONS = {
-    "mobilenet_v2": keras.applications.MobileNetV2,
-    "resnet50": keras.applications.ResNet50,
-    "efficientnet_b0": keras.applications.EfficientNetB0,
-}
+# --model: its keras.applications class, and how the name of its ImageNet
+# weights in Keras' cache (~/.keras/models) begins.
+APPLICATIONS = {"mobilenet_v2": ("MobileNetV2", "mobilenet_v2"),
+                "resnet50": ("ResNet50", "resnet50"),
+                "efficientnet_b0": ("EfficientNetB0", "efficientnetb0")}
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
 
 flags.DEFINE_enum("model", "mobilenet_v2", list(APPLICATIONS), "Backbone.")
@@ -85,7 +85,8 @@ def load_subset(data_dir, max_examples, test_examples):
 def make_model(name, weights, num_classes=10):
     """The backbone (ImageNet weights or none), average-pooled, and a new
     Dense head."""
-    backbone = APPLICATIONS[name](
+    import keras  # pylint: disable=g-import-not-at-top
+    backbone = getattr(keras.applications, APPLICATIONS[name][0])(
         include_top=False, weights=None if weights == "none" else weights,
         input_shape=(32, 32, 3), pooling="avg")
     inputs = keras.Input((32, 32, 3))
@@ -98,8 +99,20 @@ def make_model(name, weights, num_classes=10):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    (x, y), (x_test, y_test) = load_subset(
-        FLAGS.data_dir, FLAGS.max_examples, FLAGS.test_examples)
+    try:
+        (x, y), (x_test, y_test) = load_subset(
+            FLAGS.data_dir, FLAGS.max_examples, FLAGS.test_examples)
+    except OSError as error:
+        raise app.UsageError(f"--data_dir: {error}; it must hold Fashion-"
+                             "MNIST's four *-ubyte.gz files") from error
+    cached = os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser(
+        "~/.keras")), "models", APPLICATIONS[FLAGS.model][1] + "*.h5")
+    if FLAGS.weights == "imagenet" and not glob.glob(cached) and (
+            why := command_line.unreachable("https://storage.googleapis.com")):
+        raise app.UsageError(f"--weights: the ImageNet weights are not in"
+                             f" {cached} and cannot be downloaded ({why});"
+                             " pass --weights=none (offline)")
+    import keras  # pylint: disable=g-import-not-at-top
     model = make_model(FLAGS.model, FLAGS.weights)
     problems = tf_dpadam.validate(model)
     print(f"validate: {len(problems)} problems, e.g. {problems[:1]}")

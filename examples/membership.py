@@ -22,12 +22,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import keras
 import numpy as np
 
-import tf_dpadam
+import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam import command_line
-from tf_dpadam import membership
 
 flags.DEFINE_string("data_dir", "/usr/share/datasets/fashion-mnist",
                     "Fashion-MNIST's IDX files (Debian's package).")
@@ -72,6 +70,7 @@ def load(data_dir, split):
 def make_cnn(augment=False):
     """A small CNN: two 3x3 conv + max-pool blocks, a dense layer, logits;
     with `augment`, random mirrors and shifts in training (not inference)."""
+    import keras  # pylint: disable=g-import-not-at-top
     shift = MAX_SHIFT / 28
     augmentation = [keras.layers.RandomFlip("horizontal"),
                     keras.layers.RandomTranslation(
@@ -91,6 +90,7 @@ def make_cnn(augment=False):
 def make_train_fn(noise_multiplier, *, epochs, batch_size, seed, augment):
     """`train_fn(x, y) -> model`: Adam if `noise_multiplier` is None, else
     DP-AdamBC with C = 1 and Poisson batches of expected size B."""
+    import keras  # pylint: disable=g-import-not-at-top
     calls = [0]
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -122,6 +122,7 @@ def row_name(epsilon):
 def attack(epsilon, pool, test, n):
     """Trains the target and the shadows of one setting; returns (row of
     the table, the LiRA result)."""
+    membership = tf_dpadam.membership
     (x, y), (x_test, y_test) = pool, test
     sigma, steps = None, tf_dpadam.accounting.steps_for_epochs(
         epochs=FLAGS.epochs, num_examples=n, batch_size=FLAGS.batch_size)
@@ -164,7 +165,11 @@ def main(argv):
     if FLAGS.num_shadows % 2:
         raise app.UsageError("--num_shadows must be even.")
     n = FLAGS.num_members
-    x, y = load(FLAGS.data_dir, "train")
+    try:
+        x, y = load(FLAGS.data_dir, "train")
+    except OSError as error:
+        raise app.UsageError(f"--data_dir: {error}; it must hold Fashion-"
+                             "MNIST's four *-ubyte.gz files") from error
     order = np.random.default_rng(FLAGS.seed).permutation(len(y))[:2 * n]
     pool = x[order], y[order]
     x_test, y_test = load(FLAGS.data_dir, "t10k")
@@ -184,6 +189,7 @@ def main(argv):
     for line in (header, ["---"] * len(header), *rows):
         print("| " + " | ".join(line) + " |")
     if FLAGS.plot:
+        membership = tf_dpadam.membership
         membership.save_roc_plot(curves, FLAGS.plot, title="Offline LiRA,"
                                  f" {n} Fashion-MNIST members")
         print(f"ROC curves: {FLAGS.plot}")

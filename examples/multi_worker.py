@@ -28,16 +28,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import keras
 import numpy as np
-import tensorflow as tf
 
-import tf_dpadam
+import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam import command_line
 
-tf.get_logger().setLevel("ERROR")  # tf.distribute's INFO lines off.
-
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
+FASHION_MNIST_URL = ("http://fashion-mnist.s3-website.eu-central-1"
+                     ".amazonaws.com")  # tensorflow-datasets' download.
 
 flags.DEFINE_integer("cpus", 2, "Without $TF_CONFIG: logical CPU devices,"
                      " one replica each.", lower_bound=1)
@@ -64,6 +62,8 @@ def make_strategy(cpus):
     """`MultiWorkerMirroredStrategy` under $TF_CONFIG, else `MirroredStrategy`
     over the GPUs or over `cpus` logical CPUs. Call it before any other
     TensorFlow op (devices and collectives are configured at start-up)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.get_logger().setLevel("ERROR")  # tf.distribute's INFO lines off.
     if os.environ.get("TF_CONFIG"):
         return tf.distribute.MultiWorkerMirroredStrategy()
     if tf.config.list_physical_devices("GPU"):
@@ -75,12 +75,27 @@ def make_strategy(cpus):
         [d.name for d in tf.config.list_logical_devices("CPU")])
 
 
-def load_fashion_mnist(folder):
-    """`((x, y), (x_test, y_test))`: float32 images in [0, 1], int32 labels."""
+def fashion_mnist_files(folder):
+    """The four gzipped IDX files of Fashion-MNIST in `folder`, or []; if
+    [], tensorflow-datasets' download must be possible (else a usage error,
+    now rather than after minutes of retries)."""
     files = [os.path.join(folder, f"{name}-ubyte.gz") for name in (
         "train-images-idx3", "train-labels-idx1", "t10k-images-idx3",
         "t10k-labels-idx1")]
     if all(map(os.path.exists, files)):
+        return files
+    if not command_line.tfds_prepared("fashion_mnist") and (
+            why := command_line.unreachable(FASHION_MNIST_URL)):
+        raise app.UsageError(
+            f"--data_dir: no Fashion-MNIST there, and no download ({why});"
+            " pass --data_dir=DIR of Fashion-MNIST's four *-ubyte.gz files")
+    return []
+
+
+def load_fashion_mnist(folder):
+    """`((x, y), (x_test, y_test))`: float32 images in [0, 1], int32 labels."""
+    files = fashion_mnist_files(folder)
+    if files:
         arrays = []
         for path in files:
             with gzip.open(path) as f:
@@ -101,6 +116,7 @@ def load_fashion_mnist(folder):
 
 def make_small_cnn(input_shape, num_classes):
     """TF-Privacy's tutorial CNN (26k weights, tanh)."""
+    import keras  # pylint: disable=g-import-not-at-top
     return keras.Sequential([
         keras.Input(input_shape),
         keras.layers.Conv2D(16, 8, strides=2, padding="same",
@@ -117,7 +133,9 @@ def make_small_cnn(input_shape, num_classes):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    fashion_mnist_files(FLAGS.data_dir)  # Fails fast: before TensorFlow.
     strategy = make_strategy(FLAGS.cpus)  # First: before any other op.
+    import keras  # pylint: disable=g-import-not-at-top
     workers, local = tf_dpadam.sharding.workers_and_local_replicas(strategy)
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
     print(f"worker {task.get('index', 0)} of {workers}, {local} local"

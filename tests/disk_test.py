@@ -228,7 +228,9 @@ class ApiTest(parameterized.TestCase):
 
     @parameterized.parameters(
         dict(kappa=0.0), dict(kappa=1.5), dict(gamma=0.0),
-        dict(gamma=-1.0))
+        dict(gamma=-1.0),
+        # A string was a TypeError from the comparison, naming nothing.
+        dict(kappa="0.5"), dict(gamma="0.5"))
     def test_bad_arguments(self, **kwargs):
         with self.assertRaisesRegex(ValueError, next(iter(kwargs))):
             disk.DPAdamDiSK(l2_norm_clip=1.0, noise_multiplier=1.0, **kwargs)

@@ -248,6 +248,17 @@ class ValidateTest(parameterized.TestCase):
         self.assertTrue(model.get_layer("bn").trainable)
         self.assertEqual([v.trainable for v in model.variables], flags)
 
+    def test_an_x_that_does_not_fit_is_one_plain_line(self):
+        # Keras' message came with its call context and colour codes.
+        problems = fixer.validate(_dense(), x=_x((5,)))
+        self.assertEqual(len(problems), 1)
+        reason = problems[0].reason
+        self.assertRegex(reason, r"^Input 0 .* of layer .* is incompatible"
+                         r" .*expected axis -1 of input shape to have value 4")
+        self.assertNotIn("\x1b", reason)
+        self.assertNotIn("\n", reason)
+        self.assertNotIn("Arguments received", reason)
+
     def test_bad_arguments_are_named(self):
         for kwargs, name in (({"clipping": "fast"}, "clipping"),
                              ({"jit_compile": 1}, "jit_compile"),

@@ -16,8 +16,7 @@ attention dropout and random augmentation; `dropout=0.0`: no random layer
 draws anything, for the exactness check, which cannot replay a batch's
 random draws one example at a time); `loss` and `loss_weights` are what
 `compile` gets; `data()` returns `(x, y, sample_weight)` (a batch of `B`;
-`sample_weight` may be None); `slow` marks the cases that take more than
-about 10 s on 2 cores.
+`sample_weight` may be None).
 """
 
 import dataclasses
@@ -40,7 +39,6 @@ class Case:
     loss: Any
     data: Callable[[], tuple]
     loss_weights: Optional[Any] = None
-    slow: bool = False
 
 
 # keras.losses classes the corpus leaves out, and why. Every other class of
@@ -575,11 +573,11 @@ def _causal_lm_data():
 # their default softmax heads.
 
 
-def _application(name, batch_norm, **kwargs):
+def _application(name, batch_norm, size, **kwargs):
     @_seeded
     def application(dropout):
         model = getattr(keras.applications, name)(
-            weights=None, input_shape=(32, 32, 3), classes=10, **kwargs)
+            weights=None, input_shape=(size, size, 3), classes=10, **kwargs)
         fixed = tf_dpadam.fix(model, batch_norm=batch_norm)
         return _zero_dropout(fixed) if dropout == 0.0 else fixed
     return application
@@ -595,15 +593,18 @@ def keras_hub_resnet_classifier(dropout):
         use_pre_activation=False, image_shape=(16, 16, 3))
     inputs = keras.Input((16, 16, 3))
     h = layers.GlobalAveragePooling2D()(
-        tf_dpadam.fix(backbone, batch_norm="group")(inputs))
+        tf_dpadam.fix(backbone, batch_norm="freeze")(inputs))
     h = layers.Dropout(_rate(dropout, 0.2))(h)
     return keras.Model(inputs, layers.Dense(10, activation="softmax")(h))
 
 
-def _application_data(classes_one_hot=False, size=32):
+def _application_data(classes_one_hot=False, size=64, scale=(-1.0, 1.0)):
+    """Images scaled as the model's `preprocess_input` does (EfficientNet
+    rescales 0..255 itself)."""
     def data():
         y = _labels(10)
-        return (255.0 * _images((size, size, 3)),
+        low, high = scale
+        return (low + (high - low) * _images((size, size, 3)),
                 _one_hot(y, 10) if classes_one_hot else y, None)
     return data
 
@@ -717,9 +718,10 @@ CORPUS = {
         _application_data(size=16)),
     # keras.applications, fixed.
     "mobilenet_v2_fixed": Case(
-        _application("MobileNetV2", "group", alpha=0.35),
-        _L.SparseCategoricalCrossentropy(), _application_data(), slow=True),
+        _application("MobileNetV2", "group", 64, alpha=0.35),
+        _L.SparseCategoricalCrossentropy(), _application_data()),
     "efficientnet_b0_fixed": Case(
-        _application("EfficientNetB0", "freeze"),
-        "categorical_crossentropy", _application_data(True), slow=True),
+        _application("EfficientNetB0", "group", 64),
+        "categorical_crossentropy",
+        _application_data(True, scale=(0.0, 255.0))),
 }

@@ -169,6 +169,10 @@ def test_bad_arguments_name_themselves():
         roc.evaluate_attack([1.0], [0.0], fpr_targets=(2.0,))
     with pytest.raises(ValueError, match="target_fpr"):
         roc.tpr_at_fpr([0, 1], [0, 1], -0.1)
+    # Was a NumPy broadcast error naming neither argument.
+    with pytest.raises(ValueError, match=r"tpr='<array of shape \(2,\)>' "
+                       r"to have the shape of fpr, \(3,\)"):
+        roc.tpr_at_fpr([0, 0.5, 1], [0, 1], 0.1)
 
 
 def test_public_names_are_documented():

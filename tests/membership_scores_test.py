@@ -104,6 +104,22 @@ def test_model_scores_batches_the_predictions():
         scores.model_scores(dense_model(weights, bias), x, y, queries=[1])
 
 
+def test_evaluate_model_refuses_empty_or_malformed_sets():
+    rng = np.random.default_rng(2)
+    model = dense_model(rng.normal(size=(4, 3)), rng.normal(size=3))
+    x, y = rng.normal(size=(5, 4)), rng.integers(0, 3, 5)
+    # Keras' predict raised UnboundLocalError on zero inputs.
+    with pytest.raises(ValueError, match=r"^Expected members='<0 examples>' "
+                       r"to hold at least one example"):
+        membership.evaluate_model(model, (x[:0], y[:0]), (x, y))
+    with pytest.raises(ValueError,
+                       match=r"^Expected nonmembers='<0 examples>'"):
+        membership.evaluate_model(model, (x, y), (x[:0], y[:0]))
+    with pytest.raises(ValueError,
+                       match=r"^Expected members='<ndarray>' .*pair"):
+        membership.evaluate_model(model, x, (x, y))
+
+
 def memorizer(x, y, steps=300):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input(x.shape[1:]),

@@ -13,6 +13,7 @@ Per-example gradients come from a one-hidden-layer tanh MLP with softmax
 cross-entropy, differentiated by hand.
 """
 
+import inspect
 import math
 
 import keras
@@ -624,6 +625,28 @@ class NoiseStatisticsTest(parameterized.TestCase):
             predicted = 2 * stats.norm.sf(e * threshold / (1 - threshold) / s)
             _assert_share(self, ratio, threshold, predicted, "adam r")
         _assert_share(self, update, 0.0, 0.5, "positive updates")
+
+
+class NumericArgumentTypeTest(parameterized.TestCase):
+    """Issue 52: a number given as a string (e.g. from a config file) is a
+    ValueError naming the argument, not a TypeError from a comparison."""
+
+    @parameterized.product(
+        cls=[tf_dpadam.DPSGD, tf_dpadam.DPAdam, tf_dpadam.DPAdamCorrected,
+             tf_dpadam.DPAdamDiSK, tf_dpadam.DPAdamScaleThenPrivatize],
+        name=["l2_norm_clip", "noise_multiplier", "batch_size",
+              "learning_rate", "beta_1", "beta_2", "epsilon", "momentum",
+              "kappa", "gamma", "scale_epsilon"])
+    def test_string_refused_naming_the_argument(self, cls, name):
+        arguments = dict(l2_norm_clip=1.0, noise_multiplier=1.0,
+                         batch_size=8)
+        if name not in arguments and name not in inspect.signature(
+                cls.__init__).parameters:
+            self.skipTest(f"{cls.__name__} has no {name}")
+        arguments[name] = "0.5"
+        # learning_rate: Keras' own ValueError, which names it too.
+        with self.assertRaisesRegex(ValueError, f"{name}=.?0.5"):
+            cls(**arguments)
 
 
 class LearningRateValidationTest(parameterized.TestCase):

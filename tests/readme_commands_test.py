@@ -174,7 +174,7 @@ class ExtractionTest(absltest.TestCase):
                       " --noise_multiplier=1.1 --epochs=60 --delta=1e-5"
                       " --target_epsilon=7", self.commands)
         self.assertIn("python -m research.train_text"
-                      " --data_dir=../shared/data/sst2 --sequence_length=32"
+                      " --data_dir=DIR --sequence_length=32"
                       " --noise_multiplier=0.5", self.commands)
         self.assertEqual(readme_commands(
             "Text\n\n    python -m a --x=1\n\n    m ← β₁m\n\n"

@@ -1,11 +1,15 @@
 """tf_dpadam/run_dir.py: a run folder's lock, whole checkpoints and ledger."""
 
+import contextlib
+import errno
 import fcntl
+import io
 import json
 import os
 import re
 import shutil
 import tempfile
+from unittest import mock
 
 import dp_accounting
 import keras
@@ -362,6 +366,109 @@ class FolderTest(absltest.TestCase):
             open(os.path.join(model_dir, name), "w").close()
         with run_dir.hold(model_dir):
             self.assertEqual(os.listdir(model_dir), [run_dir.TRAIN_LOCK])
+
+
+def _os_error(code):
+    return OSError(code, os.strerror(code))
+
+
+class WriteFailureTest(absltest.TestCase):
+    """Issue 52: a full disk or a folder made read-only mid-run is one line
+    naming the file and the cause, and leaves no temporary file."""
+
+    def assert_one_line(self, error, path, code):
+        message = str(error)
+        self.assertNotIn("\n", message)
+        self.assertIn(f"Cannot write {path} ({os.strerror(code)},"
+                      f" {errno.errorcode[code]})", message)
+
+    def test_a_full_disk_at_a_checkpoint_leaves_the_last_one(self):
+        model_dir = tempfile.mkdtemp()
+        model, ledger = _train(model_dir, 1)
+        before = sorted(os.listdir(model_dir))
+
+        def fills_the_disk(model, path):
+            with open(path, "w") as f:
+                f.write("half a checkpoint")
+            raise _os_error(errno.ENOSPC)
+
+        x, y = _data()
+        with mock.patch.object(run_dir, "write_model", fills_the_disk):
+            with self.assertRaises(run_dir.SettingsError) as error:
+                model.fit(x, y, steps_per_epoch=1, epochs=2,
+                          initial_epoch=1, verbose=0,
+                          callbacks=[run_dir.AtomicCheckpoint(model_dir,
+                                                              ledger)])
+        self.assert_one_line(error.exception, os.path.join(
+            model_dir, run_dir.CHECKPOINT), errno.ENOSPC)
+        self.assertEqual(sorted(os.listdir(model_dir)), before)
+        self.assertEqual(int(run_dir.load_checkpoint(
+            model_dir).optimizer.iterations.numpy()), 1)
+
+    def test_a_crashed_writers_files_go_before_the_write_test(self):
+        # The space a full disk lacks may be the crashed run's own files.
+        model_dir = tempfile.mkdtemp()
+        for name in ("checkpoint.123.partial.keras", ".write_test.77"):
+            with open(os.path.join(model_dir, name), "w") as f:
+                f.write("x" * 1000)
+
+        def check(folder):
+            self.assertEqual(os.listdir(folder), [run_dir.TRAIN_LOCK])
+
+        with mock.patch.object(run_dir, "check_writable", check):
+            with run_dir.hold(model_dir):
+                pass
+
+
+class ResumeLearningRateTest(absltest.TestCase):
+    """Issue 52: --learning_rate on a resume was silently the checkpoint's."""
+
+    def test_a_resume_takes_the_learning_rate_asked_for(self):
+        model_dir = tempfile.mkdtemp()
+        _train(model_dir, 1)  # learning_rate=0.01.
+        model = run_dir.load_checkpoint(model_dir)
+        run_dir.resume_learning_rate(model, None)  # Not given: kept.
+        self.assertAlmostEqual(float(model.optimizer.learning_rate), 0.01)
+        with self.assertLogs(level="INFO") as logs:
+            run_dir.resume_learning_rate(model, 0.001)
+        self.assertAlmostEqual(float(model.optimizer.learning_rate), 0.001)
+        self.assertEqual([r.getMessage() for r in logs.records],
+                         ["Resuming with learning_rate 0.001 (the"
+                          " checkpoint's was 0.01)."])
+        x, y = _data()
+        model.fit(x, y, steps_per_epoch=1, verbose=0)
+        self.assertAlmostEqual(float(model.optimizer.learning_rate), 0.001)
+
+    def test_a_schedule_is_refused_in_one_line(self):
+        model = _tiny_private_model()
+        model.compile(optimizer=tf_dpadam.DPAdamCorrected(
+            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=16,
+            learning_rate=keras.optimizers.schedules.ExponentialDecay(
+                0.1, 10, 0.5)), loss="mse")
+        with self.assertRaisesRegex(
+                run_dir.SettingsError,
+                r"^--learning_rate=0.001: the checkpoint's optimizer has a"
+                " learning-rate schedule") as error:
+            run_dir.resume_learning_rate(model, 0.001)
+        self.assertNotIn("\n", str(error.exception))
+
+
+class ProgressBarTest(absltest.TestCase):
+
+    def test_epochs_count_to_the_runs_last_across_fit_calls(self):
+        # Issue 52: Keras logged "Epoch 2/2" then "Epoch 3/3".
+        model = _tiny_private_model()
+        x, y = _data()
+        bar = run_dir.ProgressBar(3)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            for initial_epoch, epochs, length in ((0, 2, 2), (2, 3, 1)):
+                model.fit(x, y, initial_epoch=initial_epoch, epochs=epochs,
+                          steps_per_epoch=length, verbose=2,
+                          callbacks=[bar])
+        lines = [line for line in out.getvalue().splitlines()
+                 if line.startswith("Epoch ")]
+        self.assertEqual(lines, ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"])
 
 
 class CheckpointTest(absltest.TestCase):

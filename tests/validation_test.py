@@ -146,5 +146,20 @@ class LargeDeltaTest(parameterized.TestCase):
                          warns)
 
 
+
+class PlainTextTest(absltest.TestCase):
+
+    def test_keras_call_errors_keep_their_bold_message_only(self):
+        # As Keras 3 words an error raised inside a layer's call.
+        error = ValueError(
+            "Exception encountered when calling Sequential.call().\n\n"
+            "\x1b[1mInput 0 is incompatible:\n shape (4, 5)\x1b[0m\n\n"
+            "Arguments received by Sequential.call():\n  • inputs=...")
+        self.assertEqual(validation.plain_text(error),
+                         "Input 0 is incompatible: shape (4, 5)")
+        self.assertEqual(validation.plain_text(
+            ValueError("two\n  lines \x1b[31mred\x1b[0m")), "two lines red")
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -20,37 +20,79 @@ the private train step; and `membership` (membership inference attacks on a
 trained model: scores, ROC, LiRA).
 """
 
-from tf_dpadam import accounting
-from tf_dpadam import adaptive_clipping
-from tf_dpadam import audit
-from tf_dpadam import clip_groups
-from tf_dpadam import data
-from tf_dpadam import diagnostics
-from tf_dpadam import layers
-from tf_dpadam import membership
-from tf_dpadam import run_dir
-from tf_dpadam import sharding
-from tf_dpadam.accounting import calibrate_noise_multiplier
-from tf_dpadam.accounting import calibrate_steps
-from tf_dpadam.accounting import compute_dp_sgd_privacy
-from tf_dpadam.accounting import compute_dp_sgd_privacy_statement
-from tf_dpadam.accounting import epsilon_after_steps
-from tf_dpadam.callbacks import PrivacyBudget
-from tf_dpadam.diagnostics import MomentDiagnostics
-from tf_dpadam.disk import DPAdamDiSK
-from tf_dpadam.gradient_norms import per_example_gradient_norms
-from tf_dpadam.dp_math import DPConfig
-from tf_dpadam.fixer import fix
-from tf_dpadam.fixer import Problem
-from tf_dpadam.fixer import validate
-from tf_dpadam.optimizers import DPAdam
-from tf_dpadam.optimizers import DPAdamCorrected
-from tf_dpadam.optimizers import DPSGD
-from tf_dpadam.private_model import make_private
-from tf_dpadam.private_model import PrivateModel
-from tf_dpadam.scale_then_privatize import DPAdamScaleThenPrivatize
-from tf_dpadam.step.hooks import StepHooks
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import TYPE_CHECKING
+
 from tf_dpadam.version import __version__
+
+# The public names load on first use (PEP 562, `__getattr__`), so that the
+# command lines (`python -m tf_dpadam.privacy_cli`, the example binaries)
+# answer without importing TensorFlow. The first use of any of them loads
+# them all, and so does importing tf_dpadam after TensorFlow or Keras (the
+# usual order): either registers the DP optimizers and layers with Keras
+# before a `keras.models.load_model`. (A program that imports tf_dpadam,
+# then Keras, then loads a model without using a tf_dpadam name would not
+# find them.)
+
+# The subpackages and modules of `__all__`: `from tf_dpadam import layers`
+# (also inside tf_dpadam, while it loads) imports only that one.
+_MODULES = ("accounting", "adaptive_clipping", "audit", "clip_groups", "data",
+            "diagnostics", "layers", "membership", "run_dir", "sharding")
+
+
+def _load_all():
+    """Binds every public name of `__all__` in this package."""
+    # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    from tf_dpadam import accounting
+    from tf_dpadam import adaptive_clipping
+    from tf_dpadam import audit
+    from tf_dpadam import clip_groups
+    from tf_dpadam import data
+    from tf_dpadam import diagnostics
+    from tf_dpadam import layers
+    from tf_dpadam import membership
+    from tf_dpadam import run_dir
+    from tf_dpadam import sharding
+    from tf_dpadam.accounting import calibrate_noise_multiplier
+    from tf_dpadam.accounting import calibrate_steps
+    from tf_dpadam.accounting import compute_dp_sgd_privacy
+    from tf_dpadam.accounting import compute_dp_sgd_privacy_statement
+    from tf_dpadam.accounting import epsilon_after_steps
+    from tf_dpadam.callbacks import PrivacyBudget
+    from tf_dpadam.diagnostics import MomentDiagnostics
+    from tf_dpadam.disk import DPAdamDiSK
+    from tf_dpadam.gradient_norms import per_example_gradient_norms
+    from tf_dpadam.dp_math import DPConfig
+    from tf_dpadam.fixer import fix
+    from tf_dpadam.fixer import Problem
+    from tf_dpadam.fixer import validate
+    from tf_dpadam.optimizers import DPAdam
+    from tf_dpadam.optimizers import DPAdamCorrected
+    from tf_dpadam.optimizers import DPSGD
+    from tf_dpadam.private_model import make_private
+    from tf_dpadam.private_model import PrivateModel
+    from tf_dpadam.scale_then_privatize import DPAdamScaleThenPrivatize
+    from tf_dpadam.step.hooks import StepHooks
+    for name, value in locals().items():
+        if name in __all__:  # Not over a name set already (a test's patch).
+            globals().setdefault(name, value)
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        return importlib.import_module(f"tf_dpadam.{name}")
+    if name in __all__:
+        _load_all()
+        return globals()[name]
+    raise AttributeError(f"module 'tf_dpadam' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     # Optimizers and their configuration.
@@ -89,3 +131,61 @@ __all__ = [
     "run_dir",
     "sharding",
 ]
+
+if TYPE_CHECKING:  # The same names, for type checkers (tf_dpadam is typed).
+    from tf_dpadam import accounting
+    from tf_dpadam import adaptive_clipping
+    from tf_dpadam import audit
+    from tf_dpadam import clip_groups
+    from tf_dpadam import data
+    from tf_dpadam import diagnostics
+    from tf_dpadam import layers
+    from tf_dpadam import membership
+    from tf_dpadam import run_dir
+    from tf_dpadam import sharding
+    from tf_dpadam.accounting import calibrate_noise_multiplier
+    from tf_dpadam.accounting import calibrate_steps
+    from tf_dpadam.accounting import compute_dp_sgd_privacy
+    from tf_dpadam.accounting import compute_dp_sgd_privacy_statement
+    from tf_dpadam.accounting import epsilon_after_steps
+    from tf_dpadam.callbacks import PrivacyBudget
+    from tf_dpadam.diagnostics import MomentDiagnostics
+    from tf_dpadam.disk import DPAdamDiSK
+    from tf_dpadam.gradient_norms import per_example_gradient_norms
+    from tf_dpadam.dp_math import DPConfig
+    from tf_dpadam.fixer import fix
+    from tf_dpadam.fixer import Problem
+    from tf_dpadam.fixer import validate
+    from tf_dpadam.optimizers import DPAdam
+    from tf_dpadam.optimizers import DPAdamCorrected
+    from tf_dpadam.optimizers import DPSGD
+    from tf_dpadam.private_model import make_private
+    from tf_dpadam.private_model import PrivateModel
+    from tf_dpadam.scale_then_privatize import DPAdamScaleThenPrivatize
+    from tf_dpadam.step.hooks import StepHooks
+elif "keras" in sys.modules or "tensorflow" in sys.modules:
+    _load_all()  # Costs no more: TensorFlow is loaded already.
+else:
+    class _LoadWithKeras(importlib.abc.MetaPathFinder):
+        """Loads every public name right after Keras is imported, so that
+        `import tf_dpadam`, then `import keras`, then
+        `keras.models.load_model` finds the classes tf_dpadam registers
+        with Keras (a saved private model, its DP optimizer)."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "keras":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_then_load(module):
+                exec_module(module)
+                _load_all()
+
+            spec.loader.exec_module = exec_then_load
+            return spec
+
+    sys.meta_path.insert(0, _LoadWithKeras())

@@ -96,8 +96,8 @@ class DPAdamDiSK(DPAdam):
         arguments.pop("kappa")
         arguments.pop("gamma")
         validation.check_positive("gamma", gamma)
-        if not 0.0 < kappa <= 1.0:
-            raise ValueError(f"Expected kappa={kappa!r} in (0, 1].")
+        validation.check(validation.is_real(kappa) and 0.0 < kappa <= 1.0,
+                         "kappa", kappa, "to be a number in (0, 1]")
         super().__init__(**arguments)
         self.kappa = float(kappa)
         self.gamma = float(gamma)

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tf_dpadam import compat
 from tf_dpadam import ghost_clipping
 from tf_dpadam import private_model
+from tf_dpadam import validation
 from tf_dpadam.ghost_clipping import registry
 from tf_dpadam.independence import composite_types
 from tf_dpadam.independence import model_check
@@ -147,7 +148,8 @@ def _independence_problems(model, x, mixing_layers):
             layer.trainable = False
         model_check.check_outputs(model, x, checked)
     except ValueError as error:
-        return [Problem(model.name, str(error), None)]
+        # Keras' (an x that does not fit) has colour codes, several lines.
+        return [Problem(model.name, validation.plain_text(error), None)]
     finally:
         for layer, trainable, variables in flags:
             layer.trainable = trainable

@@ -31,7 +31,7 @@ one Gaussian mechanism per example):
     python -m tf_dpadam.privacy_cli --num_examples=80 --batch_size=8 \
         --noise_multiplier=1 --epochs=3 --delta=1e-5 --sampling=shuffled
 
-This module does not import TensorFlow.
+This module imports neither TensorFlow nor (before it computes) dp-accounting.
 
 A bad value or combination ends with one line on stderr that names the flag,
 and exit code 2 (`tf_dpadam.command_line.run`, which the example binaries
@@ -45,15 +45,15 @@ import warnings
 from absl import app
 from absl import flags
 
-from tf_dpadam import accounting
 from tf_dpadam import validation
-from tf_dpadam.accounting import pld
 # The command-line plumbing, also used by the example binaries through
 # this module (`privacy_cli.run`, `privacy_cli.register_check`).
 from tf_dpadam.command_line import USAGE_ERROR_EXIT_CODE
 from tf_dpadam.command_line import register_check
 from tf_dpadam.command_line import run
 from tf_dpadam.command_line import usage_error_line
+
+SAMPLINGS = ("poisson", "shuffled")  # accounting.SAMPLINGS, for a fast --help.
 
 __all__ = [
     "USAGE_ERROR_EXIT_CODE", "define_flags", "main",
@@ -99,20 +99,14 @@ def define_flags():
         " (within 1%) that meets it for --epochs or --steps.",
     )
     flags.DEFINE_enum(
-        "accountant",
-        "pld",
-        list(accounting.ACCOUNTANTS),
+        "accountant", "pld", list(validation.ACCOUNTANTS),
         "Accountant of the calibrations (the statement reports both); PLD,"
-        " the default, is the tighter.",
-    )
+        " the default, is the tighter.")
     flags.DEFINE_enum(
-        "sampling",
-        "poisson",
-        list(accounting.SAMPLINGS),
+        "sampling", "poisson", list(SAMPLINGS),
         "How the batches are drawn: 'poisson' (tf_dpadam's Poisson batches,"
         " amplification by subsampling) or 'shuffled' (fixed batches, no"
-        " amplification).",
-    )
+        " amplification).")
     flags.DEFINE_bool(
         "used_microbatching",
         False,
@@ -159,6 +153,8 @@ def _sampling_words(sampling, num_examples, batch_size):
 def _epsilon(*, steps, num_examples, batch_size, noise_multiplier, delta,
              accountant, sampling):
     """Epsilon of T steps under `sampling` (nan: too large for PLD)."""
+    from tf_dpadam import accounting  # pylint: disable=g-import-not-at-top
+    from tf_dpadam.accounting import pld  # pylint: disable=g-import-not-at-top
     try:
         if sampling == "shuffled":
             return accounting.epsilon_without_amplification(
@@ -177,6 +173,7 @@ def sampling_report(*, num_examples, batch_size, noise_multiplier, delta,
                     steps, sampling):
     """The epsilons (RDP and PLD) of T steps under `sampling`, and under the
     other sampling for comparison."""
+    from tf_dpadam.accounting import pld  # pylint: disable=g-import-not-at-top
     setting = dict(steps=steps, num_examples=num_examples,
                    batch_size=batch_size, noise_multiplier=noise_multiplier,
                    delta=delta)
@@ -211,6 +208,7 @@ def steps_report(
     sampling="poisson",
 ):
     """Text giving the largest number of steps (and epochs) within a budget."""
+    from tf_dpadam import accounting  # pylint: disable=g-import-not-at-top
     setting = dict(num_examples=num_examples, batch_size=batch_size,
                    noise_multiplier=noise_multiplier, delta=delta,
                    accountant=accountant)
@@ -241,6 +239,7 @@ def noise_multiplier_report(
     accountant="pld",
 ):
     """Text giving the smallest noise multiplier (within 1%) for a budget."""
+    from tf_dpadam import accounting  # pylint: disable=g-import-not-at-top
     setting = dict(num_examples=num_examples, batch_size=batch_size,
                    delta=delta, accountant=accountant)
     sigma = accounting.calibrate_noise_multiplier(
@@ -306,6 +305,7 @@ def _report(
     Raises:
         ValueError: for another combination, or a value out of range.
     """
+    from tf_dpadam import accounting  # pylint: disable=g-import-not-at-top
     for name, value in (
         ("num_examples", num_examples),
         ("batch_size", batch_size),

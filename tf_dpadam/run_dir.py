@@ -4,8 +4,10 @@ A run that trains in a folder (`model_dir`) and resumes there after a kill
 must neither lose its checkpoint nor misstate its epsilon:
 
 * `hold(model_dir)` holds the folder for this process (an advisory `flock`
-  on `TRAIN_LOCK`, released however the process ends) and checks that it
-  is writable, before any step; a second process gets `SettingsError`.
+  on `TRAIN_LOCK`, released however the process ends), removes what a
+  killed process left half-written and checks that the folder is
+  writable, before any step; a second process gets `SettingsError`, as
+  does a file that cannot be written (`tf_dpadam.run_files`).
 * `save_checkpoint` writes a temporary file and renames it over
   `CHECKPOINT`, keeping the one before as `PREVIOUS_CHECKPOINT`, so a kill
   at any moment leaves one that loads; `load_checkpoint` names a damaged
@@ -22,6 +24,9 @@ must neither lose its checkpoint nor misstate its epsilon:
   process's steps after its last checkpoint). `AtomicCheckpoint` reserves
   steps before they run and checkpoints at every epoch's end, and
   `RunLedger.epsilon` is the model's: the composition of every step taken.
+* A resume keeps the checkpoint's optimizer; `resume_learning_rate` gives
+  it the learning rate asked for (no privacy setting), and `ProgressBar`
+  counts the epochs of the whole run across `fit` calls.
 
 A typical loop::
 
@@ -35,7 +40,6 @@ A typical loop::
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +48,9 @@ from absl import logging
 import keras
 
 from tf_dpadam import run_ledger
+from tf_dpadam.run_files import (WRITE_TEST, check_writable, io_error,
+                                 not_writable, read_json, remove_leftovers,
+                                 write_json, writing)
 
 # What a run folder holds.
 CHECKPOINT = "checkpoint.keras"
@@ -61,23 +68,6 @@ privacy_settings = run_ledger.privacy_settings
 checkpoint_settings = run_ledger.checkpoint_settings
 settings_changes = run_ledger.settings_changes
 check_settings = run_ledger.check_settings
-
-
-def read_json(path: str) -> Any:
-    """The JSON file at `path`, or None if there is none."""
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def write_json(path: str, value: Any) -> None:
-    """Writes `value` to `path` as JSON, whole or not at all (a temporary
-    file renamed over it): a reader never sees half a file."""
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(partial, path)
 
 
 class RunLedger:
@@ -102,6 +92,8 @@ class RunLedger:
             found = read_json(self.path)
             self.record = (None if found is None
                            else run_ledger.Record.from_json(found))
+        except SettingsError:  # Not readable (`io_error`).
+            raise
         except ValueError as error:
             raise SettingsError(
                 f"{self.path} is damaged ({error}); the run's privacy ledger"
@@ -229,21 +221,29 @@ def begin_ledger(model_dir: str, settings: Settings, model: keras.Model, *,
     return ledger
 
 
-def check_writable(model_dir: str) -> None:
-    """Raises `SettingsError` if no file can be written in `model_dir`."""
-    probe = os.path.join(model_dir, f".write_test.{os.getpid()}")
+def resume_learning_rate(model: keras.Model,
+                         learning_rate: float | None) -> None:
+    """Gives the optimizer of a resumed `model` (restored whole, learning
+    rate included) the `learning_rate` asked for (None: keeps the
+    checkpoint's), logging one line if it changes. The learning rate is no
+    privacy setting, so a resume may change it; `SettingsError` if the
+    checkpoint's is a schedule (or callable), which cannot be set."""
+    if learning_rate is None:
+        return
+    optimizer = model.optimizer
+    old = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
     try:
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as error:
-        raise not_writable(model_dir, error) from error
-
-
-def not_writable(model_dir: str, error: OSError) -> SettingsError:
-    """The error of an unwritable `model_dir`."""
-    return SettingsError(f"--model_dir={model_dir} is not writable"
-                         f" ({error.strerror}); use another --model_dir.")
+        optimizer.learning_rate = learning_rate
+    except (TypeError, AttributeError) as error:  # A schedule, a callable.
+        raise SettingsError(
+            f"--learning_rate={learning_rate:g}: the checkpoint's optimizer"
+            " has a learning-rate schedule (or callable), which a resume"
+            " keeps; train with another learning rate in another"
+            " --model_dir.") from error
+    new = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    if new != old:
+        logging.info("Resuming with learning_rate %g (the checkpoint's"
+                     " was %g).", learning_rate, old)
 
 
 @contextlib.contextmanager
@@ -269,10 +269,11 @@ def hold(model_dir: str) -> Iterator[None]:
                 f" run (it holds {TRAIN_LOCK}); wait for it to end or"
                 " use another --model_dir.") from None
         try:
+            try:  # The leftovers first: they may be what fills the disk.
+                remove_leftovers(model_dir)
+            except OSError as error:
+                raise not_writable(model_dir, error) from error
             check_writable(model_dir)
-            for name in os.listdir(model_dir):
-                if ".partial" in name:  # A checkpoint's or a JSON file's.
-                    os.remove(os.path.join(model_dir, name))
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
@@ -295,15 +296,15 @@ def save_checkpoint(model: keras.Model, model_dir: str) -> None:
     """
     checkpoint = os.path.join(model_dir, CHECKPOINT)
     partial = os.path.join(model_dir, f"checkpoint.{os.getpid()}.partial.keras")
-    write_model(model, partial)
-    if os.path.exists(checkpoint):
-        link = os.path.join(model_dir,
-                            f"checkpoint.prev.{os.getpid()}.partial")
-        if os.path.lexists(link):
-            os.remove(link)
-        os.link(checkpoint, link)
-        os.replace(link, os.path.join(model_dir, PREVIOUS_CHECKPOINT))
-    os.replace(partial, checkpoint)
+    link = os.path.join(model_dir, f"checkpoint.prev.{os.getpid()}.partial")
+    with writing(checkpoint, partial, link):
+        write_model(model, partial)
+        if os.path.exists(checkpoint):
+            if os.path.lexists(link):
+                os.remove(link)
+            os.link(checkpoint, link)
+            os.replace(link, os.path.join(model_dir, PREVIOUS_CHECKPOINT))
+        os.replace(partial, checkpoint)
 
 
 def one_line(error: BaseException) -> str:
@@ -343,6 +344,23 @@ def load_checkpoint(model_dir: str) -> keras.Model | None:
             " earlier checkpoint loads; remove it to start the run over, or"
             " use another --model_dir.")
     return None
+
+
+class ProgressBar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, counting up to the run's last epoch `epochs`.
+
+    Keras counts up to each `fit` call's `epochs`: a run split into calls (a
+    resume, a last epoch of another length) logs `Epoch 14/14` then `Epoch
+    15/15`. Given to every call (it replaces Keras' bar) this one logs
+    `Epoch 14/15` then `Epoch 15/15`."""
+
+    def __init__(self, epochs: int):
+        super().__init__()
+        self.run_epochs = epochs
+
+    def set_params(self, params: dict) -> None:
+        super().set_params(params)
+        self.epochs = max(self.run_epochs, params["epochs"])
 
 
 class AtomicCheckpoint(keras.callbacks.Callback):

@@ -26,6 +26,7 @@ registered with `numbers`, so `is_int(np.int64(3))` holds.
 
 import math
 import numbers
+import re
 import warnings
 
 # The accountants of `tf_dpadam.accounting`.
@@ -181,3 +182,22 @@ def warn_large_delta(delta, num_examples, stacklevel=3):
     message = large_delta_message(delta, num_examples)
     if message is not None:
         warnings.warn(message, LargeDeltaWarning, stacklevel=stacklevel)
+
+
+# --------------------------------------------------------------------------
+# Messages.
+
+# Terminal colour codes (ANSI SGR), which Keras puts around the message of
+# an error raised inside a layer's call.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain_text(error):
+    """`error`'s message as one line of plain text. Of a Keras error raised
+    inside a call, only the message Keras marks in bold is kept (not the
+    call's context: its arguments), without its colour codes."""
+    text = str(error)
+    bold = re.search(r"\x1b\[1m(.*?)\x1b\[0m", text, re.DOTALL)
+    if bold and "Exception encountered when calling" in text:
+        text = bold.group(1)
+    return " ".join(_ANSI.sub("", text).split())

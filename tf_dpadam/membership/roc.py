@@ -145,6 +145,9 @@ def tpr_at_fpr(fpr, tpr, target_fpr):
     fpr, tpr = np.asarray(fpr, np.float64), np.asarray(tpr, np.float64)
     validation.check(fpr.ndim == 1 and fpr.size and fpr[0] == 0, "fpr",
                      "<array>", "to be a 1-D curve starting at 0")
+    validation.check(tpr.shape == fpr.shape, "tpr",
+                     f"<array of shape {tpr.shape}>",
+                     f"to have the shape of fpr, {fpr.shape}")
     return float(_summaries(fpr[None], tpr[None], (target_fpr,))[2][0][0])
 
 

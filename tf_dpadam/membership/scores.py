@@ -152,6 +152,17 @@ def model_scores(model, x, y, *, score="logit_confidence", batch_size=512,
     return scores_from_logits(outputs, y, score)
 
 
+def _check_examples(name, examples):
+    """`examples` is an `(x, y)` pair with at least one label (Keras'
+    `predict` fails obscurely on no inputs)."""
+    validation.check(
+        isinstance(examples, (tuple, list)) and len(examples) == 2, name,
+        f"<{type(examples).__name__}>", "to be a pair (x, y)")
+    num = np.size(examples[1])
+    validation.check(num > 0, name, f"<{num} examples>",
+                     "to hold at least one example")
+
+
 def evaluate_model(model, members, nonmembers, *, score="logit_confidence",
                    batch_size=512, **evaluate_options):
     """A threshold attack on one score of a trained model, evaluated.
@@ -174,6 +185,8 @@ def evaluate_model(model, members, nonmembers, *, score="logit_confidence",
     Returns:
         `roc.AttackResult`.
     """
+    _check_examples("members", members)
+    _check_examples("nonmembers", nonmembers)
     member_scores = model_scores(model, *members, score=score,
                                  batch_size=batch_size)
     nonmember_scores = model_scores(model, *nonmembers, score=score,
