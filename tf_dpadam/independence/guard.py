@@ -163,6 +163,9 @@ def check(model, data, probe=None, rng=None, check_loss=True):
             " differs from another one.", stacklevel=3)
         return False
     probe = probe or probe_lib.Probe(model)
+    # Built eagerly, as by the step, not inside the probe's tf.function
+    # (whose scopes would name the weights).
+    train_step_lib.build_on_first_call(model, x)
     snapshot = model_check.StateSnapshot(
         model_check.layers_of(model.augment, model.base_model))
     snapshot.add(compat.global_seed_generator_states())

@@ -59,8 +59,15 @@ class Probe:
                 model, x, y, sample_weight, present, 1.0)
             return clipping.global_norms(found)
 
+        def scoped(function):
+            # Not a root name scope: a model named "__x" cannot be one.
+            def call(*args, **kwargs):
+                with tf.name_scope("independence_probe"):
+                    return function(*args, **kwargs)
+            return call
+
         jit_compile = model.jit_compile is True
-        return [tf.function(f, jit_compile=jit_compile,
+        return [tf.function(scoped(f), jit_compile=jit_compile,
                             reduce_retracing=True)
                 for f in (outputs, norms)] + [outputs]
 
