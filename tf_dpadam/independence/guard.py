@@ -63,22 +63,6 @@ def _not_reproducible(model):
         " keras.random.SeedGenerator." + errors.TURN_OFF)
 
 
-def _layer_error(model, views, views_copies, i, score, snapshot):
-    """The error for example i, whose outputs differ: names the first layer
-    whose outputs for it differ (between the step's rows of the batch and
-    of its copies), else the model."""
-    rows = example_rows(i, model.augmult)
-    base_model = model.base_model
-    layer = model_check.first_mixing_layer(base_model, views, views_copies,
-                                           rows, snapshot)
-    what = (f"Model {base_model.name!r} ({type(base_model).__name__})"
-            if layer is None else
-            f"Layer {layer.name!r} ({type(layer).__name__}) of model"
-            f" {base_model.name!r}")
-    return errors.mixing_error(what, score, errors.LAYER_CURE,
-                               errors.replaced_evidence(i))
-
-
 def _passes(model, probe, batch, rows, snapshot, replayable):
     """`(batch, copies, outputs, norms, views)`: the arguments of the
     probe's two functions for the batch and for each example's copies, and
@@ -177,9 +161,9 @@ def check(model, data, probe=None, rng=None, check_loss=True):
         if check_only:
             return max(out, loss) > 1.0
         if out > 1.0:
-            raise _layer_error(model, views(batch),
-                               views(copies[rows.index(i)]), i, out,
-                               snapshot)
+            raise model_check.layer_error(
+                model.base_model, views(batch), views(copies[rows.index(i)]),
+                example_rows(i, group), i, out, snapshot)
         raise loss_check.loss_error(model, loss,
                                     errors.replaced_evidence(i, "loss"))
 

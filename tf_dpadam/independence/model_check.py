@@ -167,6 +167,19 @@ def first_mixing_layer(model, views, views_copies, rows, snapshot):
     return None
 
 
+def layer_error(model, views, views_copies, rows, i, score, snapshot):
+    """The error for example i (rows `rows` of the step), whose outputs
+    differ: names the first layer of `model` whose outputs for it differ,
+    else the model."""
+    layer = first_mixing_layer(model, views, views_copies, rows, snapshot)
+    what = (f"Model {model.name!r} ({type(model).__name__})"
+            if layer is None else
+            f"Layer {layer.name!r} ({type(layer).__name__}) of model"
+            f" {model.name!r}")
+    return errors.mixing_error(what, score, errors.LAYER_CURE,
+                               errors.replaced_evidence(i))
+
+
 def views_of(augment, augmult, x, snapshot):
     """The rows the step clips for `x`, from the restored random state."""
     snapshot.restore()
@@ -189,12 +202,6 @@ def check_outputs(model, x, rows):
             copies = copies_of_row(x, i)
             score = change_of_rows(base, model(copies, training=True), [i])
             if score > 1.0:
-                layer = first_mixing_layer(model, x, copies, [i], snapshot)
-                what = (f"Model {model.name!r} ({type(model).__name__})"
-                        if layer is None else
-                        f"Layer {layer.name!r} ({type(layer).__name__}) of"
-                        f" model {model.name!r}")
-                raise errors.mixing_error(what, score, errors.LAYER_CURE,
-                                          errors.replaced_evidence(i))
+                raise layer_error(model, x, copies, [i], i, score, snapshot)
     finally:
         snapshot.restore()
