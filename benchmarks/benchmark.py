@@ -242,7 +242,7 @@ def _block_modes(model, x, y):
     """`{layer path: {weight name: mode}}` of ghost clipping's blocks."""
     import keras
 
-    from tf_dpadam import ghost_clipping
+    from tf_dpadam.privatizer import ghost_clipping
 
     if not hasattr(ghost_clipping, "block_modes"):  # an older tf_dpadam
         return None
@@ -325,7 +325,7 @@ def _child(spec):
     modes = (_block_modes(unwrapped, x, y) if clipping == "ghost"
              and accumulation == 1 else None)
     # The rule of each layer: ghost (which) or fallback (why).
-    rules = (tf_dpadam.ghost_clipping.describe(unwrapped) if modes
+    rules = (tf_dpadam.privatizer.ghost_clipping.describe(unwrapped) if modes
              else None)
     # Time per physical batch; a logical step of cnn_accum is 8 of them.
     return {

@@ -4,7 +4,7 @@
     python -m benchmarks.fit_epoch --cnn=small --epochs=3 --jit=true
 
 A private model's `fit` on in-memory data draws Poisson batches
-(`tf_dpadam.private_fit`): the expected batch size B, each step's rows
+(`tf_dpadam.training.private_fit`): the expected batch size B, each step's rows
 gathered by NumPy and padded (graphs: to the next multiple of 8 rows; XLA:
 to the static capacity M). Before, `fit` took Keras' shuffled batches of
 exactly B, which the accounting cannot amplify. This script trains the same

@@ -1,4 +1,4 @@
-"""The cost of a private model's privacy ledger (`tf_dpadam.model_ledger`).
+"""The cost of a private model's privacy ledger (`tf_dpadam.training.model_ledger`).
 
     PYTHONPATH=. python benchmarks/ledger_cost.py
 
@@ -48,7 +48,7 @@ import tensorflow as tf
 
 import tf_dpadam
 from examples import train_image
-from tf_dpadam import model_ledger
+from tf_dpadam.training import model_ledger
 from tf_dpadam.accounting import plans
 
 BATCH = 256

@@ -6,7 +6,7 @@
 
 Trains the paper's CNN on a Fashion-MNIST subset with m canaries, each
 included with probability 1/2, guesses their inclusion from their scores
-(`tf_dpadam.audit`), and prints as its last line
+(`tf_dpadam.tools.audit`), and prints as its last line
 
     audit: epsilon lower bound L (95% confidence) vs claimed epsilon E
 
@@ -29,14 +29,14 @@ from absl import flags
 import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
-from tf_dpadam import command_line
+from tf_dpadam.common import command_line
 
 # --optimizer: tf_dpadam's class and the learning rate.
 OPTIMIZERS = {"dpsgd": ("DPSGD", 4.0), "dpadam": ("DPAdam", 1e-3),
               "dpadam_corrected": ("DPAdamCorrected", 1e-3),
               "dpadam_stp": ("DPAdamScaleThenPrivatize", 1e-3),
               "dpadam_disk": ("DPAdamDiSK", 1e-3)}
-BREAKS = ["none", "no_noise", "no_clipping"]  # tf_dpadam.audit.BREAKS
+BREAKS = ["none", "no_noise", "no_clipping"]  # tf_dpadam.tools.audit.BREAKS
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
 
 flags.DEFINE_float("noise_multiplier", 2.0, "sigma.", lower_bound=0)
@@ -120,7 +120,7 @@ def main(argv):
         raise app.UsageError(f"--data_dir: {error}; it must hold Fashion-"
                              "MNIST's four *-ubyte.gz files") from error
     import keras  # pylint: disable=g-import-not-at-top
-    audit = tf_dpadam.audit
+    audit = tf_dpadam.tools.audit
     rng = np.random.default_rng(FLAGS.seed)
     subset = rng.choice(len(x_train), FLAGS.train_size, replace=False)
     x, y = x_train[subset], y_train[subset]

@@ -25,7 +25,7 @@ from absl import flags
 import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
-from tf_dpadam import command_line
+from tf_dpadam.common import command_line
 
 # --model: its keras.applications class, and how the name of its ImageNet
 # weights in Keras' cache (~/.keras/models) begins.

@@ -20,7 +20,7 @@ from absl import flags
 import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
-from tf_dpadam import command_line
+from tf_dpadam.common import command_line
 
 # The paper's (Appendix): C, sigma, B, DP-AdamBC's gamma' (None: 0.04 Phi).
 PAPER = {"cifar10": dict(l2_norm_clip=1.0, noise_multiplier=1.0,
@@ -145,7 +145,7 @@ def train():
     dp = {key: paper[key] if FLAGS[key].value is None else FLAGS[key].value
           for key in ("l2_norm_clip", "noise_multiplier", "batch_size")}
     (x, y), (x_test, y_test) = load_dataset(FLAGS.dataset, FLAGS.data_dir)
-    run_dir = tf_dpadam.run_dir  # TensorFlow loads now, after the data.
+    run_dir = tf_dpadam.tools.run_dir  # TensorFlow loads now, after the data.
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
     steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # No search if set.
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),

@@ -25,7 +25,7 @@ from absl import flags
 import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
-from tf_dpadam import command_line
+from tf_dpadam.common import command_line
 
 flags.DEFINE_string("data_dir", None, "Folder of SST-2's train.tsv and"
                     " dev.tsv (default: tensorflow-datasets' glue/sst2).")

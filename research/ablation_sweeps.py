@@ -13,7 +13,7 @@ import math
 import os
 
 from research import runs
-from tf_dpadam import dp_math
+from tf_dpadam.privatizer import dp_math
 
 TASK = "fashion_mnist"
 ABLATIONS = ("phi", "gamma", "beta", "lr")

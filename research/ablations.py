@@ -71,7 +71,7 @@ from research import runs
 from research import training
 from research.ablation_sweeps import ABLATIONS
 from research.ablation_sweeps import TASK
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 
 def define_flags():

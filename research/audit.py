@@ -43,7 +43,7 @@ import tf_dpadam
 from research import common
 from research import datasets
 from research import models
-from tf_dpadam import audit
+from tf_dpadam.tools import audit
 
 DATASET = "fashion_mnist"
 

@@ -38,7 +38,7 @@ from research import datasets
 from research import models
 from research import training
 from research.diagnostics_report import write_report
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""

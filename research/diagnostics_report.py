@@ -2,7 +2,7 @@
 
 NOT differentially private: it is written from the clipped but un-noised
 gradient of every step. `write_report` writes the Markdown and its
-histograms (`tf_dpadam.diagnostics.render_report`, matplotlib); `findings`
+histograms (`tf_dpadam.tools.diagnostics.render_report`, matplotlib); `findings`
 puts into sentences what the numbers of the snapshots show.
 """
 
@@ -11,7 +11,7 @@ import os
 import platform
 
 from research import common
-from tf_dpadam import diagnostics
+from tf_dpadam.tools import diagnostics
 
 def _fmt(value, digits=3):
     return f"{value:.{digits}g}"

@@ -25,7 +25,7 @@ from research import comparison
 from research import finetune as finetune_lib
 from research import runs
 from research.runs import Setting
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the reports (RESULTS*.md, ABLATIONS_*, the studies' pages, their

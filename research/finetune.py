@@ -122,7 +122,7 @@ def make_classifier(preset, num_classes, finetune="last_block",
         The model maps the preprocessor's token dict to logits. For "lora"
         and "full" it is a functional model on the backbone's own layers
         (not a nested backbone), so a private model saves and reloads it
-        with its LoRA factors and frozen flags (`tf_dpadam.lora_state`).
+        with its LoRA factors and frozen flags (`tf_dpadam.training.lora_state`).
     """
     check_finetune(finetune, lora_rank, blocks)
     pooling = pooling or default_pooling(finetune)

@@ -67,7 +67,7 @@ from research import results_report
 from research import datasets
 from research import runs
 from research import training
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 # The optimizers with a gamma (a --gammas_* flag): all but DP-SGD.
 GAMMA_OPTIMIZERS = tuple(n for n in common.OPTIMIZER_LABELS if n != "dpsgd")

@@ -27,7 +27,7 @@ import time
 
 from absl import logging
 
-from tf_dpadam import run_dir
+from tf_dpadam.tools import run_dir
 
 METRICS = "metrics.json"
 SIDECAR = "reproduce.json"  # What `execute` adds to a run's model_dir.
@@ -41,7 +41,7 @@ LOCK = "run.lock"
 # before it (both whole: written to a temporary file, then renamed; each
 # carries the model's privacy ledger), the run's privacy record (the
 # settings, the ledger at the last checkpoint and the steps reserved before
-# they run, `tf_dpadam.run_ledger.Record`), and the lock of the process that
+# they run, `tf_dpadam.tools.run_ledger.Record`), and the lock of the process that
 # trains (flock).
 CHECKPOINT = run_dir.CHECKPOINT
 PREVIOUS_CHECKPOINT = run_dir.PREVIOUS_CHECKPOINT
@@ -134,7 +134,7 @@ def comparable_config(config):
     return values
 
 
-# The run folder's JSON files, read and written whole (`tf_dpadam.run_dir`).
+# The run folder's JSON files, read and written whole (`tf_dpadam.tools.run_dir`).
 read_json = run_dir.read_json
 write_json = run_dir.write_json
 

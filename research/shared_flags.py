@@ -14,7 +14,7 @@ B and the run's length mean the same everywhere:
 
 Only `config_from_flags` reads absl's FLAGS; the other helpers take values.
 
-The binaries run through `run(main)` (`tf_dpadam.privacy_cli.run`): a bad
+The binaries run through `run(main)` (`tf_dpadam.accounting.cli.run`): a bad
 flag value or an impossible setting ends with one line naming the flag and
 the reason, exit code 2. Importing this module first quiets TensorFlow's
 start-up logs (`quiet_tensorflow_start`), and `smoke_test_caps()` reads
@@ -75,8 +75,8 @@ from absl import flags
 
 from research import common
 from research import training
-from tf_dpadam import privacy_cli
-from tf_dpadam import validation
+from tf_dpadam.accounting import cli as privacy_cli
+from tf_dpadam.common import validation
 
 # The environment variable of a smoke test: set (not "" or "0"), the
 # binaries cap every run to `SMOKE_TEST_CAPS`.
@@ -151,7 +151,7 @@ OFFLINE_IMAGES_HINT = (
 
 def check_flag(name, check):
     """Validates flag `name` at parsing with `check(name, value)` (e.g. a
-    `tf_dpadam.validation` check); None passes."""
+    `tf_dpadam.common.validation` check); None passes."""
     privacy_cli.register_check(name, functools.partial(check, name))
 
 
@@ -285,7 +285,7 @@ def define_training_flags():
     flags.DEFINE_bool("resume_counting_all_steps", False,
                       "Resume a --model_dir whose checkpoint and ledger.json"
                       " disagree (or one is missing), counting the steps of"
-                      " both (tf_dpadam.run_dir.begin_ledger).")
+                      " both (tf_dpadam.tools.run_dir.begin_ledger).")
     flags.DEFINE_string("tensorboard_dir", None,
                         "Write TensorBoard logs here: loss, accuracy and "
                         "epsilon per step (batch_*) and per evaluation "

@@ -93,7 +93,7 @@ from research import results_index
 from research import runs
 from research import study_plan
 from research import study_report
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 STUDIES = ("regime_map", "best_recipe", "class_imbalance", "paper_cnn")
 # Issue 37's five optimizers (DP-SGD, DP-Adam, DP-AdamBC, scale-then-

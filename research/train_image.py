@@ -24,7 +24,7 @@ from research import imbalance
 from research import models
 from research import record_sources
 from research import training
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 def define_flags():
     """Defines this binary's flags (when run as a program, not on import)."""

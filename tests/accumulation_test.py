@@ -1,6 +1,6 @@
 """Logical vs physical batches: gradient accumulation (accumulation.py).
 
-Poisson-sampled batches (tf_dpadam/data.py) are tested in data_test.py.
+Poisson-sampled batches (src/tf_dpadam/data/__init__.py) are tested in data_test.py.
 """
 
 import math

@@ -17,7 +17,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam.ghost_clipping import registry
+from tf_dpadam.privatizer.ghost_clipping import registry
 
 
 def _adapt_warnings(make):

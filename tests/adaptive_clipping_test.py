@@ -20,7 +20,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import adaptive_clipping
+from tf_dpadam.privatizer import adaptive_clipping
 
 
 def linear_loss(y_true, y_pred):

@@ -1,10 +1,10 @@
-"""How the audit registers on a private model (`tf_dpadam.audit.hooks`)."""
+"""How the audit registers on a private model (`tf_dpadam.tools.audit.hooks`)."""
 
 import keras
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam.audit import hooks
+from tf_dpadam.tools.audit import hooks
 
 import helpers
 

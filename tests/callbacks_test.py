@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.callbacks.PrivacyBudget on private models (issue 49).
+"""Tests of tf_dpadam.training.callbacks.PrivacyBudget on private models (issue 49).
 
 `PrivacyBudget` reads one thing: the private model's privacy ledger, which
 the model's train step writes (one count per logical step, where the noise
@@ -33,8 +33,8 @@ import tensorflow as tf
 
 import tf_dpadam
 from tf_dpadam import accounting
-from tf_dpadam import callbacks
-from tf_dpadam import validation
+from tf_dpadam.training import callbacks
+from tf_dpadam.common import validation
 
 N = 64  # Examples; with an expected batch of B = 8 an epoch is 8 steps.
 B = 8

@@ -1,11 +1,11 @@
-"""The clean gradient of `diagnostics=True` (`tf_dpadam.clean_gradients`)."""
+"""The clean gradient of `diagnostics=True` (`tf_dpadam.training.clean_gradients`)."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam import clean_gradients
+from tf_dpadam.training import clean_gradients
 
 
 class CleanGradientsTest(absltest.TestCase):

@@ -12,7 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import clip_groups
+from tf_dpadam.privatizer import clip_groups
 
 PATHS = ["sequential/dense/kernel", "sequential/dense/bias",
          "sequential/head/kernel", "sequential/head/bias"]

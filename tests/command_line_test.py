@@ -1,4 +1,4 @@
-"""Tests of `tf_dpadam.command_line`: usage errors in one line, exit code 2;
+"""Tests of `tf_dpadam.common.command_line`: usage errors in one line, exit code 2;
 deprecated flag names; the offline checks of the example binaries.
 
 The privacy command line's own errors are tested end to end in
@@ -19,7 +19,7 @@ from absl import app
 from absl import flags
 from absl.testing import absltest
 
-from tf_dpadam import command_line
+from tf_dpadam.common import command_line
 
 
 def _check_non_negative(value):

@@ -1,11 +1,11 @@
-"""The private Keras/TensorFlow APIs tf_dpadam uses (`tf_dpadam.compat`)."""
+"""The private Keras/TensorFlow APIs tf_dpadam uses (`tf_dpadam.common.compat`)."""
 
 import keras
 import numpy as np
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam import compat
+from tf_dpadam.common import compat
 
 
 class CompatTest(absltest.TestCase):

@@ -3,7 +3,7 @@
 The suite runs with oneDNN's kernels (TensorFlow's default on Intel x86
 CPUs), as most users do: TensorFlow 2.21's oneDNN batch matmul is wrong for
 the broadcasts that `tf.vectorized_map` makes, and running the tests without
-oneDNN hid that from them (`tf_dpadam/vectorization.py`).
+oneDNN hid that from them (`src/tf_dpadam/privatizer/vectorization.py`).
 """
 
 import os

@@ -26,8 +26,8 @@ import tensorflow as tf
 from array_record.python import array_record_data_source
 
 from tf_dpadam import data as dp_data
-from tf_dpadam import data_source
-from tf_dpadam import sampling
+from tf_dpadam.data import source as data_source
+from tf_dpadam.data import sampling
 
 _BLOCK = 1000
 

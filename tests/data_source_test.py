@@ -1,4 +1,4 @@
-"""tf_dpadam/data.py: Poisson sampling by random access into indexable sources.
+"""src/tf_dpadam/data/__init__.py: Poisson sampling by random access into indexable sources.
 
 `poisson_batches_from_source` draws n ~ Binomial(N, q) and a uniform n-subset
 per step, reads those records and shares the padding and splitting of
@@ -34,8 +34,8 @@ from helpers import mlp
 from helpers import numpy_values
 from helpers import seed_everything
 from tf_dpadam import data as dp_data
-from tf_dpadam import data_source
-from tf_dpadam import sampling
+from tf_dpadam.data import source as data_source
+from tf_dpadam.data import sampling
 
 
 # Tests that pass by chance fail with probability at most about 1e-6 each.

@@ -1,4 +1,4 @@
-"""tf_dpadam/data.py: Poisson-sampled logical batches and their secret seed."""
+"""src/tf_dpadam/data/__init__.py: Poisson-sampled logical batches and their secret seed."""
 
 import json
 import math

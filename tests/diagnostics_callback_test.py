@@ -1,4 +1,4 @@
-"""tf_dpadam/diagnostics/callback.py: MomentDiagnostics on real training.
+"""src/tf_dpadam/tools/diagnostics/callback.py: MomentDiagnostics on real training.
 
 Also what it reads: make_private(diagnostics=True) and the clean gradient
 (NOT private).
@@ -24,7 +24,7 @@ from helpers import LOSS
 from helpers import classification_data
 from helpers import mlp
 from helpers import numpy_values
-from tf_dpadam import diagnostics
+from tf_dpadam.tools import diagnostics
 
 # The diagnostics warning (not the explicit-seed warning of make_private).
 _NOT_PRIVATE = "diagnostics=True. is NOT differentially private"

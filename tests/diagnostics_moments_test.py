@@ -1,11 +1,11 @@
-"""tf_dpadam/diagnostics/moments.py: the math, on hand-computed values."""
+"""src/tf_dpadam/tools/diagnostics/moments.py: the math, on hand-computed values."""
 
 import numpy as np
 from absl.testing import absltest
 
-from tf_dpadam import diagnostics
-from tf_dpadam import dp_math
-from tf_dpadam.diagnostics import moments
+from tf_dpadam.tools import diagnostics
+from tf_dpadam.privatizer import dp_math
+from tf_dpadam.tools.diagnostics import moments
 
 import helpers
 

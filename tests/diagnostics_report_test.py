@@ -1,8 +1,8 @@
-"""tf_dpadam/diagnostics/report.py: tables and histograms of snapshots.
+"""src/tf_dpadam/tools/diagnostics/report.py: tables and histograms of snapshots.
 
 Runs on hand-made snapshots (small NumPy arrays), no training. The golden
 tables in testdata/golden/MOMENT_SUMMARY_*.md were recorded from the module
-before it was split out of tf_dpadam/diagnostics.py.
+before it was split out of src/tf_dpadam/tools/diagnostics.py.
 (research/diagnostics_report.py, the example's report, has its own test.)
 """
 
@@ -15,9 +15,9 @@ from unittest import mock
 import pytest
 from absl.testing import absltest
 
-from tf_dpadam import diagnostics
-from tf_dpadam.diagnostics import moments
-from tf_dpadam.diagnostics import report
+from tf_dpadam.tools import diagnostics
+from tf_dpadam.tools.diagnostics import moments
+from tf_dpadam.tools.diagnostics import report
 
 import helpers
 

@@ -11,7 +11,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import disk
+from tf_dpadam.optimizers import disk
 
 import augmentation_test
 import scale_then_privatize_test as stp_test

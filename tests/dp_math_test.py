@@ -1,4 +1,4 @@
-"""tf_dpadam/dp_math.py: the pure DP-Adam functions against NumPy.
+"""src/tf_dpadam/privatizer/dp_math.py: the pure DP-Adam functions against NumPy.
 
 Each case is small enough to check by hand; the comments give the numbers.
 """
@@ -10,7 +10,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
 
-from tf_dpadam import dp_math
+from tf_dpadam.privatizer import dp_math
 
 
 def _numpy(value):

@@ -55,7 +55,7 @@ class HelpTest(absltest.TestCase):
         for args in (["--help"], [
                 "--num_examples=60000", "--batch_size=256",
                 "--noise_multiplier=1.1", "--epochs=60", "--delta=1e-5"]):
-            for module in ("tf_dpadam.privacy_cli", "tf_dpadam.privacy"):
+            for module in ("tf_dpadam.accounting.cli", "tf_dpadam.privacy"):
                 done, cpu, _ = run("-m", module, *args)
                 self.assertIn("noise_multiplier", done.stdout, args)
                 self.assertLessEqual(cpu, MAX_CPU_SECONDS, (module, args))
@@ -86,7 +86,7 @@ class HelpTest(absltest.TestCase):
         self.assertEqual(privacy_cli.SAMPLINGS, accounting.SAMPLINGS)
 
     def test_audit_breaks_agree_with_the_library(self):
-        from tf_dpadam.audit import hooks  # pylint: disable=g-import-not-at-top
+        from tf_dpadam.tools.audit import hooks  # pylint: disable=g-import-not-at-top
         source = (ROOT / "examples" / "audit.py").read_text()
         self.assertIn("BREAKS = " + repr(list(hooks.BREAKS)).replace("'", '"'),
                       source)

@@ -1,4 +1,4 @@
-"""`tf_dpadam.validate` and `tf_dpadam.fix` (`tf_dpadam/fixer.py`).
+"""`tf_dpadam.validate` and `tf_dpadam.fix` (`src/tf_dpadam/tools/fixer.py`).
 
 `validate` must list exactly the problems that `make_private` and the first
 private step raise on: for each bad model of a table it lists one problem
@@ -21,8 +21,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import compat
-from tf_dpadam import fixer
+from tf_dpadam.common import compat
+from tf_dpadam.tools import fixer
 
 import helpers
 

@@ -11,8 +11,8 @@ import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import ghost_clipping
-from tf_dpadam.ghost_clipping import convolution
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.privatizer.ghost_clipping import convolution
 
 import helpers
 

@@ -5,7 +5,7 @@ import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam.ghost_clipping import dense
+from tf_dpadam.privatizer.ghost_clipping import dense
 
 import helpers
 

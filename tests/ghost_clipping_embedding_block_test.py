@@ -14,7 +14,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import helpers
-from tf_dpadam.ghost_clipping import embedding
+from tf_dpadam.privatizer.ghost_clipping import embedding
 
 
 def _brute_force_squared_norms(ids, g, vocabulary_size):

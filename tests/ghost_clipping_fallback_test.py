@@ -7,7 +7,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
 
-from tf_dpadam import ghost_clipping
+from tf_dpadam.privatizer import ghost_clipping
 
 import helpers
 

@@ -14,9 +14,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from keras import layers
 
-from tf_dpadam import ghost_clipping
-from tf_dpadam.ghost_clipping import keras_hub as keras_hub_rules
-from tf_dpadam.ghost_clipping import registry
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.privatizer.ghost_clipping import keras_hub as keras_hub_rules
+from tf_dpadam.privatizer.ghost_clipping import registry
 
 import helpers
 

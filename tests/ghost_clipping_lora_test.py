@@ -1,6 +1,6 @@
 """Ghost clipping of Dense and EinsumDense with LoRA against explicit clipping.
 
-The rules (`tf_dpadam/ghost_clipping/lora.py`) get the per-example gradients
+The rules (`src/tf_dpadam/privatizer/ghost_clipping/lora.py`) get the per-example gradients
 of the factors A and B from the layer's input, its low-rank activation and
 the output gradient; these tests run them in lockstep with per-example
 gradients of the whole model (`helpers.reference_per_example_gradients`).
@@ -13,9 +13,9 @@ import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import ghost_clipping
-from tf_dpadam.ghost_clipping import lora
-from tf_dpadam.ghost_clipping import registry
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.privatizer.ghost_clipping import lora
+from tf_dpadam.privatizer.ghost_clipping import registry
 
 import helpers
 

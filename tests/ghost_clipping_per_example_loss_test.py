@@ -6,8 +6,8 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import compat
-from tf_dpadam.ghost_clipping import per_example_loss
+from tf_dpadam.common import compat
+from tf_dpadam.privatizer.ghost_clipping import per_example_loss
 
 import helpers
 

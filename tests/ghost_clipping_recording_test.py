@@ -5,8 +5,8 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam.ghost_clipping import plan as plan_lib
-from tf_dpadam.ghost_clipping import recording as recording_lib
+from tf_dpadam.privatizer.ghost_clipping import plan as plan_lib
+from tf_dpadam.privatizer.ghost_clipping import recording as recording_lib
 
 import helpers
 

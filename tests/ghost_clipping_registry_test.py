@@ -8,8 +8,8 @@ import tf_dpadam
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import ghost_clipping
-from tf_dpadam.ghost_clipping import registry
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.privatizer.ghost_clipping import registry
 
 import helpers
 
@@ -122,7 +122,7 @@ class DocsTableTest(absltest.TestCase):
             registry.markdown_table(), guide,
             "docs/guides/layers_and_clipping.md's table of ghost rules is out"
             " of date: paste"
-            " tf_dpadam.ghost_clipping.registry.markdown_table() into it.",
+            " tf_dpadam.privatizer.ghost_clipping.registry.markdown_table() into it.",
         )
 
 

@@ -12,10 +12,10 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import ghost_clipping
+from tf_dpadam.privatizer import ghost_clipping
 from tf_dpadam import layers
-from tf_dpadam.ghost_clipping import convolution
-from tf_dpadam.ghost_clipping import standardized
+from tf_dpadam.privatizer.ghost_clipping import convolution
+from tf_dpadam.privatizer.ghost_clipping import standardized
 
 import helpers
 

@@ -10,8 +10,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from keras import ops
 
-from tf_dpadam import compat
-from tf_dpadam import ghost_clipping
+from tf_dpadam.common import compat
+from tf_dpadam.privatizer import ghost_clipping
 from tf_dpadam import layers as tf_layers
 
 import helpers

@@ -1,4 +1,4 @@
-"""tf_dpadam/ghost_clipping/sums.py and the blocks' scaled norms, against
+"""src/tf_dpadam/privatizer/ghost_clipping/sums.py and the blocks' scaled norms, against
 NumPy: each example's norm of S * (grad_i + R') from the blocks of several
 variables (a materialized block, a kernel at one position, a kernel at T
 positions in the ghost mode, embedding rows with repeated ids), and the
@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam.ghost_clipping import blocks
-from tf_dpadam.ghost_clipping import embedding
-from tf_dpadam.ghost_clipping import sums
+from tf_dpadam.privatizer.ghost_clipping import blocks
+from tf_dpadam.privatizer.ghost_clipping import embedding
+from tf_dpadam.privatizer.ghost_clipping import sums
 
 
 class _Var:

@@ -25,7 +25,7 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import ghost_clipping
+from tf_dpadam.privatizer import ghost_clipping
 
 import helpers
 import sensitivity

@@ -13,11 +13,11 @@ import numpy as np
 import tensorflow as tf
 
 import tf_dpadam
-from tf_dpadam import dp_math
-from tf_dpadam import ghost_clipping
-from tf_dpadam import compat
+from tf_dpadam.privatizer import dp_math
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.common import compat
 from tf_dpadam import privatizer
-from tf_dpadam.diagnostics import moments
+from tf_dpadam.tools.diagnostics import moments
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -1,4 +1,4 @@
-"""Tests of `tf_dpadam.independence.guard` and `probe`: when the guard checks,
+"""Tests of `tf_dpadam.training.independence.guard` and `probe`: when the guard checks,
 that checking changes nothing in training, and what it sees that the
 outputs do not (a gradient that mixes, a mixing that starts later).
 
@@ -18,7 +18,7 @@ from absl.testing import parameterized
 from keras import ops
 
 import tf_dpadam
-from tf_dpadam import independence
+from tf_dpadam.training import independence
 
 B = 8
 

@@ -1,4 +1,4 @@
-"""Tests of `tf_dpadam.independence.rows`: the pure helpers of the
+"""Tests of `tf_dpadam.training.independence.rows`: the pure helpers of the
 independence check and the tolerance that decides "unchanged".
 
 The check itself is tested on zoos of mixing and non-mixing models in
@@ -11,8 +11,8 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import independence
-from tf_dpadam.independence import rows
+from tf_dpadam.training import independence
+from tf_dpadam.training.independence import rows
 
 
 class RowsTest(parameterized.TestCase):

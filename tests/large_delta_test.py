@@ -17,8 +17,8 @@ import numpy as np
 
 import tf_dpadam
 from tf_dpadam import accounting
-from tf_dpadam import privacy_cli
-from tf_dpadam import validation
+from tf_dpadam.accounting import cli as privacy_cli
+from tf_dpadam.common import validation
 from tf_dpadam.accounting import plans
 
 N = 100

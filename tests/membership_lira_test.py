@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.membership.lira.
+"""Tests of tf_dpadam.tools.membership.lira.
 
 References: NumPy means and standard deviations of the selected scores,
 SciPy's normal log-density. Planted answers: scores drawn from known
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tf_dpadam import membership
-from tf_dpadam.membership import lira
-from tf_dpadam.membership import roc
+from tf_dpadam.tools import membership
+from tf_dpadam.tools.membership import lira
+from tf_dpadam.tools.membership import roc
 
 
 def test_inclusion_masks_balance_every_example():

@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.membership.plot: a PNG with log-log axes is written."""
+"""Tests of tf_dpadam.tools.membership.plot: a PNG with log-log axes is written."""
 
 import os
 import tempfile
@@ -6,8 +6,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from tf_dpadam.membership import plot
-from tf_dpadam.membership import roc
+from tf_dpadam.tools.membership import plot
+from tf_dpadam.tools.membership import roc
 
 
 def test_saves_a_png_of_several_curves():

@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.membership.queries.
+"""Tests of tf_dpadam.tools.membership.queries.
 
 References: flips and shifts written as explicit loops over pixels, with
 NumPy's reflection and zeros for the border; the list `image_queries`
@@ -8,7 +8,7 @@ builds, by what each query does to a test image.
 import numpy as np
 import pytest
 
-from tf_dpadam.membership import queries
+from tf_dpadam.tools.membership import queries
 
 
 def images(n=2, height=5, width=6, channels=2):

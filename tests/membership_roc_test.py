@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.membership.roc against independent computations.
+"""Tests of tf_dpadam.tools.membership.roc against independent computations.
 
 References: a brute-force ROC (every threshold, counted with NumPy
 comparisons), SciPy's Mann-Whitney U for the AUC, a brute-force balanced
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tf_dpadam import membership
-from tf_dpadam.membership import roc
+from tf_dpadam.tools import membership
+from tf_dpadam.tools.membership import roc
 
 
 def brute_force_roc(members, nonmembers, thresholds):

@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.membership.scores.
+"""Tests of tf_dpadam.tools.membership.scores.
 
 References: the scores written from the softmax probabilities in NumPy
 (where they are representable), their closed forms for logits whose
@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from tf_dpadam import membership
-from tf_dpadam.membership import scores
+from tf_dpadam.tools import membership
+from tf_dpadam.tools.membership import scores
 
 
 def softmax(logits):

@@ -1,4 +1,4 @@
-"""Tests of the privacy ledger a private model owns (tf_dpadam.model_ledger).
+"""Tests of the privacy ledger a private model owns (tf_dpadam.training.model_ledger).
 
 The recipes of issue 49 (recompile, refit, load, a user's pipeline, ...)
 are in privacy_ledger_recipes_test.py; here: what the train step counts
@@ -16,9 +16,9 @@ import keras
 import numpy as np
 
 import tf_dpadam
-from tf_dpadam import audit
-from tf_dpadam import model_ledger
-from tf_dpadam import private_fit
+from tf_dpadam.tools import audit
+from tf_dpadam.training import model_ledger
+from tf_dpadam.training import private_fit
 
 N, B, SIGMA, DELTA = 64, 8, 1.0, 1e-5
 

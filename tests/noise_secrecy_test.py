@@ -16,7 +16,7 @@ from absl.testing import parameterized
 from scipy import stats
 
 import tf_dpadam
-from tf_dpadam import model_ledger
+from tf_dpadam.training import model_ledger
 from tf_dpadam import privatizer
 
 import helpers

@@ -1,10 +1,10 @@
-"""The DP part shared by the three optimizers (`tf_dpadam.optimizer_base`)."""
+"""The DP part shared by the three optimizers (`tf_dpadam.optimizers.base`)."""
 
 import keras
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam import optimizer_base
+from tf_dpadam.optimizers import base as optimizer_base
 
 
 class OptimizerBaseTest(absltest.TestCase):

@@ -5,7 +5,7 @@ Three rules a contributor can rely on, checked on the source:
 - no module uses a private name (`_name`) of another tf_dpadam module;
 - every private Keras or TensorFlow API (`keras.src`, `tensorflow.python`,
   or a `._private` attribute of an object that is not the module's own
-  `self`/`cls`) is used in `tf_dpadam/compat.py` only.
+  `self`/`cls`) is used in `src/tf_dpadam/common/compat.py` only.
 """
 
 import ast
@@ -19,31 +19,31 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python")
 # Underscored names that are public APIs (namedtuple's, the standard library's).
 PUBLIC_UNDERSCORED = ("_replace", "_asdict", "_fields", "_make", "_getframe")
 
-# One test module per library module, named after it: tf_dpadam/x.py ->
-# tests/x_test.py, tf_dpadam/pkg/y.py -> tests/pkg_y_test.py, a package's
+# One test module per library module, named after it: src/tf_dpadam/x.py ->
+# tests/x_test.py, src/tf_dpadam/pkg/y.py -> tests/pkg_y_test.py, a package's
 # __init__.py -> tests/pkg_test.py (an __init__.py that only re-exports needs
 # none). The modules below are tested elsewhere for now; each names the test
 # modules that cover it. Remove an entry when its module gets its own tests.
 TESTED_ELSEWHERE = {
-    "tf_dpadam/accounting/plans.py": ("private_fit_test.py",
+    "src/tf_dpadam/accounting/plans.py": ("private_fit_test.py",
                                       "large_delta_test.py"),
-    "tf_dpadam/ghost_clipping/blocks.py": (
+    "src/tf_dpadam/privatizer/ghost_clipping/blocks.py": (
         "ghost_clipping_embedding_block_test.py",
         "ghost_clipping_dense_test.py"),
-    "tf_dpadam/ghost_clipping/plan.py": ("ghost_clipping_step_test.py",
+    "src/tf_dpadam/privatizer/ghost_clipping/plan.py": ("ghost_clipping_step_test.py",
                                          "ghost_clipping_fallback_test.py"),
-    "tf_dpadam/ghost_clipping/rule.py": ("ghost_clipping_registry_test.py",
+    "src/tf_dpadam/privatizer/ghost_clipping/rule.py": ("ghost_clipping_registry_test.py",
                                          "ghost_clipping_dense_test.py"),
-    "tf_dpadam/independence/errors.py": ("sensitivity_zoo_test.py",),
-    "tf_dpadam/independence/loss_check.py": ("sensitivity_zoo_test.py",),
-    "tf_dpadam/independence/model_check.py": ("sensitivity_zoo_test.py",),
-    "tf_dpadam/independence/probe.py": ("independence_guard_test.py",
+    "src/tf_dpadam/training/independence/errors.py": ("sensitivity_zoo_test.py",),
+    "src/tf_dpadam/training/independence/loss_check.py": ("sensitivity_zoo_test.py",),
+    "src/tf_dpadam/training/independence/model_check.py": ("sensitivity_zoo_test.py",),
+    "src/tf_dpadam/training/independence/probe.py": ("independence_guard_test.py",
                                         "guard_misses_test.py"),
-    "tf_dpadam/layers.py": ("ghost_clipping_standardized_test.py",
+    "src/tf_dpadam/layers.py": ("ghost_clipping_standardized_test.py",
                             "privacy_zoo_test.py"),
-    "tf_dpadam/privacy.py": ("privacy_cli_test.py",),
-    "tf_dpadam/sampling.py": ("data_test.py", "data_source_test.py"),
-    "tf_dpadam/version.py": ("packaging_test.py",),
+    "src/tf_dpadam/privacy.py": ("privacy_cli_test.py",),
+    "src/tf_dpadam/data/sampling.py": ("data_test.py", "data_source_test.py"),
+    "src/tf_dpadam/version.py": ("packaging_test.py",),
 }
 
 
@@ -162,7 +162,7 @@ class PackageStructureTest(absltest.TestCase):
 
     def test_finds_the_library(self):
         names = {module_name(p) for p in library_files()}
-        self.assertIn("tf_dpadam.compat", names)
+        self.assertIn("tf_dpadam.common.compat", names)
         self.assertGreater(len(names), 30)
 
     def test_no_module_over_400_lines(self):
@@ -192,8 +192,8 @@ class PackageStructureTest(absltest.TestCase):
         if missing:
             self.fail(
                 "library modules without a test module named after them: add"
-                " the test module (tf_dpadam/x.py -> tests/x_test.py,"
-                " tf_dpadam/pkg/y.py -> tests/pkg_y_test.py) or, if other"
+                " the test module (src/tf_dpadam/x.py -> tests/x_test.py,"
+                " src/tf_dpadam/pkg/y.py -> tests/pkg_y_test.py) or, if other"
                 " test modules cover the module, list it with their names in"
                 " TESTED_ELSEWHERE (tests/package_structure_test.py):\n  "
                 + "\n  ".join(missing))
@@ -206,11 +206,11 @@ class PackageStructureTest(absltest.TestCase):
                  PACKAGE / "compat.py"]
         missing, stale = modules_without_named_tests(
             paths, {"dp_math_test.py", "compat_test.py"},
-            {"tf_dpadam/compat.py": (), "tf_dpadam/gone.py": ()})
+            {"src/tf_dpadam/common/compat.py": (), "src/tf_dpadam/gone.py": ()})
         self.assertEqual(missing, [
-            "tf_dpadam/audit/bound.py -> tests/audit_bound_test.py"])
-        self.assertEqual(stale, ["tf_dpadam/compat.py (has compat_test.py)",
-                                 "tf_dpadam/gone.py (no such module)"])
+            "src/tf_dpadam/tools/audit/bound.py -> tests/audit_bound_test.py"])
+        self.assertEqual(stale, ["src/tf_dpadam/common/compat.py (has compat_test.py)",
+                                 "src/tf_dpadam/gone.py (no such module)"])
 
     def test_the_checks_can_fail(self):
         sample = PACKAGE.parent / "tests" / "testdata" / "structure_sample.py"

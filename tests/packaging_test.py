@@ -2,7 +2,7 @@
 
 - pyproject.toml (PEP 621) holds the metadata; setup.py only calls
   `setuptools.setup()`, so there is one list of dependencies;
-- the version has one source, tf_dpadam/version.py, which pyproject.toml
+- the version has one source, src/tf_dpadam/version.py, which pyproject.toml
   reads, `tf_dpadam.__version__` re-exports, and MODULE.bazel and
   CHANGELOG.md repeat (checked here);
 - LICENSE is the Apache License 2.0 the metadata names, and `py.typed` ships;
@@ -35,10 +35,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PUBLIC_PACKAGES = (
     "tf_dpadam",
     "tf_dpadam.accounting",
-    "tf_dpadam.diagnostics",
-    "tf_dpadam.ghost_clipping",
-    "tf_dpadam.independence",
-    "tf_dpadam.membership",
+    "tf_dpadam.tools.diagnostics",
+    "tf_dpadam.privatizer.ghost_clipping",
+    "tf_dpadam.training.independence",
+    "tf_dpadam.tools.membership",
 )
 
 # (module, names): public functions and classes whose signatures must be
@@ -52,12 +52,12 @@ TYPED = (
         "epsilon_without_amplification", "steps_for_epochs",
         "training_steps")),
     ("tf_dpadam.data", ("poisson_batches", "poisson_batches_from_source")),
-    ("tf_dpadam.sharding", ("sharded_poisson_batches",
+    ("tf_dpadam.data.sharding", ("sharded_poisson_batches",
                             "workers_and_local_replicas")),
     ("tf_dpadam.layers", ("standardize_kernel", "WSConv2D")),
-    ("tf_dpadam.callbacks", ("PrivacyBudget",)),
-    ("tf_dpadam.gradient_norms", ("per_example_gradient_norms",)),
-    ("tf_dpadam.dp_math", ("DPConfig",)),
+    ("tf_dpadam.training.callbacks", ("PrivacyBudget",)),
+    ("tf_dpadam.tools.gradient_norms", ("per_example_gradient_norms",)),
+    ("tf_dpadam.privatizer.dp_math", ("DPConfig",)),
 )
 
 
@@ -188,9 +188,9 @@ class PackagingTest(parameterized.TestCase):
         self.assertEqual(undocumented(package), [])
 
     def test_the_top_level_all_lists_what_it_imports(self):
-        # Every name `tf_dpadam/__init__.py` imports from tf_dpadam (on first
+        # Every name `src/tf_dpadam/__init__.py` imports from tf_dpadam (on first
         # use: its imports are in functions and `if` blocks) is public API.
-        tree = ast.parse(_read("tf_dpadam/__init__.py"))
+        tree = ast.parse(_read("src/tf_dpadam/__init__.py"))
         imported = {alias.asname or alias.name
                     for node in ast.walk(tree)
                     if isinstance(node, ast.ImportFrom)

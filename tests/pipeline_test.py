@@ -18,7 +18,7 @@ import pytest
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam import pipeline
+from tf_dpadam.data import pipeline
 
 import helpers
 

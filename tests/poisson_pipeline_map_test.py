@@ -27,8 +27,8 @@ import tensorflow as tf
 
 import sensitivity
 import tf_dpadam
-from tf_dpadam import private_fit
-from tf_dpadam import sampling
+from tf_dpadam.training import private_fit
+from tf_dpadam.data import sampling
 from tf_dpadam.accounting import plans
 
 N, B, C = 64, 8, 1.0

@@ -1,11 +1,11 @@
-"""tf_dpadam.preclip: the pre-clipping transform of per-example gradients."""
+"""tf_dpadam.privatizer.preclip: the pre-clipping transform of per-example gradients."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam import preclip
+from tf_dpadam.privatizer import preclip
 
 
 class TransformGradientsTest(absltest.TestCase):

@@ -1,6 +1,6 @@
 """Scale-then-privatize and DiSK on the privacy zoo's models, against brute force.
 
-The two optimizers change what is clipped (`tf_dpadam.preclip`): s * g_j for
+The two optimizers change what is clipped (`tf_dpadam.privatizer.preclip`): s * g_j for
 scale-then-privatize, (1 - w) g_j(theta) + w g_j(theta + shift) for DiSK.
 For a selection of the zoo's models (`privacy_zoo_test`), one noise-free
 step's clipped sum (the diagnostics' clean gradient, B = 1) must equal
@@ -24,8 +24,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import disk
-from tf_dpadam import scale_then_privatize as stp
+from tf_dpadam.optimizers import disk
+from tf_dpadam.optimizers import scale_then_privatize as stp
 
 import privacy_zoo_test as zoo
 

@@ -1,4 +1,4 @@
-"""Tests of the command line `python -m tf_dpadam.privacy_cli`.
+"""Tests of the command line `python -m tf_dpadam.accounting.cli`.
 
 `python -m tf_dpadam.privacy`, its older name (the command the README
 documents), is a shim that must keep working too.
@@ -18,7 +18,7 @@ from absl.testing import parameterized
 
 from tf_dpadam import accounting
 from tf_dpadam import privacy
-from tf_dpadam import privacy_cli
+from tf_dpadam.accounting import cli as privacy_cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA = 1e-5
@@ -70,7 +70,7 @@ class CommandLineTest(absltest.TestCase):
     @pytest.mark.slow
     def test_subprocess_calibrated_steps_under_the_new_name(self):
         process = _start(
-            "tf_dpadam.privacy_cli", "--num_examples=50000",
+            "tf_dpadam.accounting.cli", "--num_examples=50000",
             "--batch_size=2048", "--noise_multiplier=1.0",
             "--target_epsilon=7", "--delta=1e-5",
         )

@@ -40,7 +40,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dpadam
-from tf_dpadam import model_ledger
+from tf_dpadam.training import model_ledger
 
 DELTA = 1e-5
 SIGMA = 1.0

@@ -7,7 +7,7 @@ examples) must move the weights by exactly
     -(1/B) sum_j min(1, C / ||g_j||) g_j,
 
 g_j being example j's gradient of its loss (plus the full regularization
-term, in every example's loss, as `tf_dpadam.ghost_clipping` documents)
+term, in every example's loss, as `tf_dpadam.privatizer.ghost_clipping` documents)
 w.r.t. all trainable variables. The reference knows nothing of tf_dpadam: a
 `tf.GradientTape` over the unwrapped model on a batch of ONE example, in
 eager mode, and the clipping in NumPy (float64). C is just above the median
@@ -454,7 +454,7 @@ _add("lora_dense_constructor", lambda: _head(
 _add("lora_dense_after_build", lambda: _lora_after_build(_head(
     (4, 5), layers.Dense(6, activation="relu", name="lora")), "lora"))
 # LoRA EinsumDense with an activation on sequences was wrong under oneDNN
-# (tf_dpadam/vectorization.py): "lora_einsum_sequence_tanh_after_build".
+# (src/tf_dpadam/privatizer/vectorization.py): "lora_einsum_sequence_tanh_after_build".
 for _name in ("matrix_tanh", "sequence", "sequence_tanh", "heads_tanh",
               "merge_heads", "merge_heads_tanh", "position_bias_tanh"):
     _add(f"lora_einsum_{_name}_after_build",

@@ -31,10 +31,10 @@ import tensorflow as tf
 from keras import ops
 
 import tf_dpadam
-from tf_dpadam import private_fit
-from tf_dpadam import sharding
+from tf_dpadam.training import private_fit
+from tf_dpadam.data import sharding
 from tf_dpadam.accounting import RDP_ORDERS
-from tf_dpadam import sampling as sampling_lib
+from tf_dpadam.data import sampling as sampling_lib
 from tf_dpadam.accounting import plans
 from tf_dpadam.accounting.ledger import Ledger
 

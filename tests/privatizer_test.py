@@ -3,10 +3,10 @@
 from absl.testing import absltest
 
 from tf_dpadam import privatizer
-from tf_dpadam.step import clipping
-from tf_dpadam.step import noise
-from tf_dpadam.step import replicas
-from tf_dpadam.step import seeds
+from tf_dpadam.privatizer import clipping
+from tf_dpadam.privatizer import noise
+from tf_dpadam.privatizer import replicas
+from tf_dpadam.common import seeds
 
 
 class PrivatizerTest(absltest.TestCase):

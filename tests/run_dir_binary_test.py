@@ -28,8 +28,8 @@ import dp_accounting
 import pytest
 from absl.testing import absltest
 
-from tf_dpadam import run_dir
-from tf_dpadam import run_ledger
+from tf_dpadam.tools import run_dir
+from tf_dpadam.tools import run_ledger
 from tf_dpadam.accounting import ledger as ledger_lib
 
 pytestmark = pytest.mark.slow  # Each run loads TensorFlow and the data.

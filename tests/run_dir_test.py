@@ -1,4 +1,4 @@
-"""tf_dpadam/run_dir.py: a run folder's lock, whole checkpoints and ledger."""
+"""src/tf_dpadam/tools/run_dir.py: a run folder's lock, whole checkpoints and ledger."""
 
 import contextlib
 import errno
@@ -19,8 +19,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import run_dir
-from tf_dpadam import run_ledger
+from tf_dpadam.tools import run_dir
+from tf_dpadam.tools import run_ledger
 
 _SETTINGS = dict(noise_multiplier=1.0, l2_norm_clip=1.0, batch_size=16,
                  num_examples=64, optimizer="dpadam_corrected",

@@ -1,4 +1,4 @@
-"""The files of a run folder (tf_dpadam.run_files): a full disk or a folder
+"""The files of a run folder (tf_dpadam.tools.run_files): a full disk or a folder
 made read-only is one line naming the file and the cause (issue 52)."""
 
 import contextlib
@@ -10,7 +10,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from tf_dpadam import run_files
+from tf_dpadam.tools import run_files
 
 
 def _os_error(code):

@@ -1,4 +1,4 @@
-"""tf_dpadam/run_ledger.py: a run folder's privacy record and the rules of a
+"""src/tf_dpadam/tools/run_ledger.py: a run folder's privacy record and the rules of a
 resume (pure: ledgers and records, no model)."""
 
 import json
@@ -8,7 +8,7 @@ import dp_accounting
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import run_ledger
+from tf_dpadam.tools import run_ledger
 from tf_dpadam.accounting import ledger as ledger_lib
 
 _SETTINGS = run_ledger.privacy_settings(

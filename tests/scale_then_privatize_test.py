@@ -12,9 +12,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import scale_then_privatize as stp
-from tf_dpadam.ghost_clipping import blocks
-from tf_dpadam.ghost_clipping import standardized
+from tf_dpadam.optimizers import scale_then_privatize as stp
+from tf_dpadam.privatizer.ghost_clipping import blocks
+from tf_dpadam.privatizer.ghost_clipping import standardized
 
 _BETA_1, _BETA_2, _EPS, _EPS_S = 0.9, 0.999, 1e-7, 1e-3
 

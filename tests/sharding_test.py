@@ -1,4 +1,4 @@
-"""Poisson sampling over workers (tf_dpadam/sharding.py), in one process.
+"""Poisson sampling over workers (src/tf_dpadam/data/sharding.py), in one process.
 
 Each worker's pipeline is built from its own `tf.distribute.InputContext`,
 as `strategy.distribute_datasets_from_function` would; multi_worker_test.py
@@ -10,7 +10,7 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import sharding
+from tf_dpadam.data import sharding
 
 
 def _indexed_data(num_examples):

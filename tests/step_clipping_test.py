@@ -1,10 +1,10 @@
-"""Per-example gradients and their clipped sum (`tf_dpadam.step.clipping`)."""
+"""Per-example gradients and their clipped sum (`tf_dpadam.privatizer.clipping`)."""
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam.step import clipping
+from tf_dpadam.privatizer import clipping
 
 
 class ClippingTest(absltest.TestCase):

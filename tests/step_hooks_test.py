@@ -6,7 +6,7 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam.step import hooks as step_hooks
+from tf_dpadam.training import hooks as step_hooks
 
 import helpers
 

@@ -1,10 +1,10 @@
-"""Noise and division by B (`tf_dpadam.step.noise`)."""
+"""Noise and division by B (`tf_dpadam.privatizer.noise`)."""
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam.step import noise
+from tf_dpadam.privatizer import noise
 
 _SEED = tf.constant([3, 4], tf.int64)
 

@@ -1,10 +1,10 @@
-"""Replicas (`tf_dpadam.step.replicas`) without and with `tf.distribute`."""
+"""Replicas (`tf_dpadam.privatizer.replicas`) without and with `tf.distribute`."""
 
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
 
-from tf_dpadam.step import replicas
+from tf_dpadam.privatizer import replicas
 
 
 class ReplicasTest(absltest.TestCase):

@@ -1,11 +1,11 @@
-"""Secret seeds (`tf_dpadam.step.seeds`)."""
+"""Secret seeds (`tf_dpadam.common.seeds`)."""
 
 import warnings
 
 import numpy as np
 from absl.testing import absltest
 
-from tf_dpadam.step import seeds
+from tf_dpadam.common import seeds
 
 
 def _resolve(seed):

@@ -1,4 +1,4 @@
-"""The train step's helpers (`tf_dpadam.step.train_step`)."""
+"""The train step's helpers (`tf_dpadam.training.train_step`)."""
 
 import keras
 import numpy as np
@@ -6,7 +6,7 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam.step import train_step
+from tf_dpadam.training import train_step
 
 import helpers
 

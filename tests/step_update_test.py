@@ -1,4 +1,4 @@
-"""Phases 3 to 5 (`tf_dpadam.step.update`): noise once, scale, apply."""
+"""Phases 3 to 5 (`tf_dpadam.training.update`): noise once, scale, apply."""
 
 import keras
 import numpy as np
@@ -6,9 +6,9 @@ import tensorflow as tf
 from absl.testing import absltest
 
 import tf_dpadam
-from tf_dpadam.step import hooks as step_hooks
-from tf_dpadam.step import seeds
-from tf_dpadam.step import update
+from tf_dpadam.training import hooks as step_hooks
+from tf_dpadam.common import seeds
+from tf_dpadam.training import update
 
 
 def _update(optimizer, variables, hooks=()):

@@ -1,4 +1,4 @@
-"""The package's lazy loading (`tf_dpadam/__init__.py`, PEP 562).
+"""The package's lazy loading (`src/tf_dpadam/__init__.py`, PEP 562).
 
 `import tf_dpadam` loads no TensorFlow (the command lines answer fast); the
 first use of a public name binds them all (registering the DP optimizers

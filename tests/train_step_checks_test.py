@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dpadam
-from tf_dpadam import train_step_checks
+from tf_dpadam.training import train_step_checks
 
 N, B = 32, 8
 

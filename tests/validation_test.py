@@ -1,4 +1,4 @@
-"""tf_dpadam/validation.py: each check's accepted values and exact message.
+"""src/tf_dpadam/common/validation.py: each check's accepted values and exact message.
 
 The messages are matched whole: users and other tests rely on them.
 """
@@ -9,7 +9,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import validation
+from tf_dpadam.common import validation
 
 
 class PredicatesTest(absltest.TestCase):

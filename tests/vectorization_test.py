@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from tf_dpadam import vectorization
+from tf_dpadam.privatizer import vectorization
 from tensorflow.python.ops.parallel_for import pfor as tf_pfor
 
 import sensitivity
@@ -150,7 +150,7 @@ def _fresh_check():
 @contextlib.contextmanager
 def _internals_moved():
     """TensorFlow without `pfor._pfor_converter_registry` (renamed, say):
-    tf_dpadam.vectorization is re-imported against it, then restored."""
+    tf_dpadam.privatizer.vectorization is re-imported against it, then restored."""
     registry = tf_pfor._pfor_converter_registry
     del tf_pfor._pfor_converter_registry
     try:

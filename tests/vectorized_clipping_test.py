@@ -7,10 +7,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
-from tf_dpadam import dp_math
-from tf_dpadam import ghost_clipping
+from tf_dpadam.privatizer import dp_math
+from tf_dpadam.privatizer import ghost_clipping
 from tf_dpadam import privatizer
-from tf_dpadam import vectorized_clipping
+from tf_dpadam.privatizer import vectorized_clipping
 
 import helpers
 

@@ -1,7 +1,7 @@
 """The TensorFlow and Keras versions pyproject.toml accepts are the tested ones.
 
 tf_dpadam relies on private APIs of TensorFlow 2.21 and Keras 3.15 (the
-oneDNN workaround in tf_dpadam/vectorization.py, tf_dpadam/compat.py),
+oneDNN workaround in src/tf_dpadam/privatizer/vectorization.py, src/tf_dpadam/common/compat.py),
 and CI runs on one pinned environment (requirements_lock.txt). So the range
 pyproject.toml declares (`[project] dependencies`; setup.py reads it) must
 contain the versions installed here and pinned in the lock, and no other

@@ -174,7 +174,7 @@ class BuildFilesError(Exception):
 class Module:
     path: str  # Repository-relative, "/"-separated.
     package: str  # Its directory: the Bazel package.
-    name: str  # Dotted module name ("tf_dpadam.audit" for its __init__).
+    name: str  # Dotted module name ("tf_dpadam.tools.audit" for its __init__).
     target: str  # Target name in its package.
     kind: str = "py_library"
     imports: list = dataclasses.field(default_factory=list)

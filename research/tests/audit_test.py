@@ -19,7 +19,7 @@ import tf_dpadam
 from research import audit
 from research import audit_table
 from research import datasets
-from tf_dpadam import audit as audit_lib
+from tf_dpadam.tools import audit as audit_lib
 
 HAVE_FASHION_MNIST = datasets.fashion_mnist_files() is not None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(

@@ -9,7 +9,7 @@ from absl.testing import absltest
 
 from research import common
 from research import diagnostics_report
-from tf_dpadam import diagnostics
+from tf_dpadam.tools import diagnostics
 
 _GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "testdata", "golden", "DIAGNOSTICS_synthetic.md")

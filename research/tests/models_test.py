@@ -20,7 +20,7 @@ import tensorflow as tf
 import tf_dpadam
 from research import datasets
 from research import models
-from tf_dpadam import ghost_clipping
+from tf_dpadam.privatizer import ghost_clipping
 
 import helpers
 

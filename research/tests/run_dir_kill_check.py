@@ -31,7 +31,7 @@ import numpy as np
 
 from research import training
 from research.tests import research_helpers
-from tf_dpadam import run_dir
+from tf_dpadam.tools import run_dir
 
 TOTAL_STEPS = 40
 NUM_EXAMPLES = 64

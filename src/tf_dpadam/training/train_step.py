@@ -1,0 +1,306 @@
+"""The private train step of a `PrivateModel`, top to bottom.
+
+`train_step(model, data, ...)` is `PrivateModel.train_step`:
+
+1. checks (a DP optimizer, no layer that mixes examples, a gradient path);
+2. the rows the step clips (`views`: augmentation and its multiplicity);
+3. phases 1 and 2, the sum of clipped per-example gradients (`clipped_sum`:
+   ghost clipping where the model allows it, else a vectorized map of
+   one-example backward passes; float32, non-finite examples adding
+   nothing);
+4. phases 3 to 5, noise once, divide by B, apply, with gradient
+   accumulation and `tf.distribute` replicas (`update.apply_clipped_sum`);
+5. the loss and the metrics that `fit` reports.
+
+Audit canaries and diagnostics take part through `hooks.StepHooks`.
+"""
+
+import warnings
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from tf_dpadam.privatizer import adaptive_clipping
+from tf_dpadam.training import augmentation
+from tf_dpadam.common import compat
+from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.optimizers import paper as dp_optimizers
+from tf_dpadam.training import train_step_checks
+from tf_dpadam.privatizer import vectorized_clipping
+from tf_dpadam.privatizer.ghost_clipping import registry
+from tf_dpadam.privatizer import clipping
+from tf_dpadam.training import update as update_lib
+
+
+def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
+               ledger=None) -> dict:
+    """One DP step of `model` (a `PrivateModel`) on the batch `data`.
+
+    Args:
+        model: the `PrivateModel`.
+        data: `(x, y, sample_weight)` as Keras' `train_step` gets it.
+        noise_seeds: the model's `seeds.NoiseSeeds`.
+        hooks: the model's `hooks.StepHooks`.
+        ledger: the model's `model_ledger.ModelLedger`, which counts every
+            logical step where its noise is drawn.
+
+    Returns:
+        The logs (loss and metrics), as Keras' `train_step`.
+    """
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    optimizer = model.optimizer
+    require_dp_optimizer(optimizer)
+    check_no_example_mixing(model.base_model)
+    config = optimizer.dp_config
+    build_on_first_call(model, x)
+    variables = model.trainable_variables
+    if not variables:
+        warnings.warn("The model does not have any trainable weights.")
+        return train_step_checks.step_without_trainable_weights(
+            model, x, y, sample_weight)
+    # As Keras: no gradient for any weight is an error, not noise.
+    train_step_checks.check_gradient_path(model, x, y, sample_weight,
+                                          variables)
+    if not optimizer.built:
+        optimizer.build(variables)
+    for hook in hooks:
+        hook.build(variables)
+    x, y, sample_weight, present = views(model, x, y, sample_weight)
+
+    # Phases 1 and 2: per-example gradients, clipped and summed (in
+    # float32; an example with a NaN or infinite gradient or loss
+    # contributes nothing, counted by the diagnostics only).
+    # With per-layer clipping, one clip norm per group of variables.
+    clip = update_lib.clip_for_sum(optimizer, hooks)
+    summed, norms, losses, y_pred = clipped_sum(
+        model, x, y, sample_weight, present,
+        clipping.GroupClip.of(clip, optimizer.variable_groups()),
+    )
+    # Adaptive clipping: each group's count of unclipped examples.
+    unclipped = None
+    if optimizer.adaptive_clipping is not None:
+        unclipped = adaptive_clipping.shifted_unclipped_counts(
+            ops.reshape(norms, (-1, ops.shape(present)[0])), clip, present)
+    norms = clipping.global_norms(norms)
+    for hook in hooks:
+        hook.after_clipping(norms, losses, present)
+
+    # Phases 3 to 5: noise, scale, update (once per logical step).
+    update_lib.apply_clipped_sum(
+        update_lib.Update(optimizer, variables, noise_seeds, tuple(hooks),
+                          model.secure_mode, ledger),
+        summed, ops.sum(present), unclipped,
+    )
+
+    compile_loss = compat.compile_loss(model)
+    if compile_loss is not None and compile_loss.metrics:
+        compile_loss(y, y_pred, sample_weight)
+    # A NaN or infinite example loss counts as 0 in the logged loss, so
+    # that the log does not show such an example.
+    losses = ops.where(ops.isfinite(losses), losses, ops.zeros_like(losses))
+    compat.loss_tracker(model).update_state(
+        ops.sum(losses) / ops.maximum(ops.sum(present), 1.0),
+        sample_weight=ops.sum(present),
+    )
+    compat.update_compile_metrics(
+        model, y, y_pred, sample_weight,
+        present_examples(x, sample_weight) if sample_weight is not None
+        else None,
+    )
+    return logs_for_keras_reduction(model.get_metrics_result())
+
+
+def per_example_norms(model, data) -> tuple:
+    """`(norms, present)` of one batch, without an update: every example's
+    gradient norm before clipping, as the train step computes it (NOT
+    private)."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    build_on_first_call(model, x)
+    x, y, sample_weight, present = views(model, x, y, sample_weight)
+    # C does not change the norms. Under tf.function the clipped sum,
+    # pure and not an output, is pruned from the graph.
+    _, norms, _, _ = clipped_sum(model, x, y, sample_weight, present, 1.0)
+    return norms, present
+
+
+def check_no_example_mixing(model) -> None:
+    """Raises if a trainable layer of `model` mixes examples in training.
+
+    The layers are `ghost_clipping.registry.EXAMPLE_MIXING_LAYERS`. A frozen
+    BatchNormalization (`trainable=False`) runs in inference mode in Keras 3
+    and is allowed.
+
+    Raises:
+        ValueError: naming the first offending layer.
+    """
+    for layer in compat.all_layers(model):
+        if registry.mixes_examples(layer):
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) mixes the"
+                " examples of a batch in training, so per-example clipping"
+                " would not bound one example's influence and training would"
+                " not be differentially private. Replace it (for instance by"
+                " LayerNormalization or GroupNormalization) or freeze it"
+                " (`layer.trainable = False` runs it in inference mode)."
+            )
+
+
+def require_dp_optimizer(optimizer) -> None:
+    """Raises a `ValueError` unless `optimizer` is a tf_dpadam optimizer."""
+    if not dp_optimizers.is_dp_optimizer(optimizer):
+        raise ValueError(
+            "A model made private needs a tf_dpadam optimizer (DPSGD, DPAdam"
+            " or DPAdamCorrected), which carries l2_norm_clip and"
+            f" noise_multiplier. Received optimizer={optimizer!r}."
+        )
+
+
+def build_on_first_call(model, x) -> None:
+    """Calls `model` once on `x` if some layer is not built yet.
+
+    A model without `keras.Input` builds on its first call: make that call
+    here, on the first trace, so that its weights (and the optimizer's)
+    exist before the step reads them.
+    """
+    if not all(layer.built
+               for layer in compat.all_layers(model.base_model)):
+        model(x, training=False)
+
+
+def present_examples(x, sample_weight) -> tf.Tensor:
+    """1.0 for each example of the batch, 0.0 for absent ones.
+
+    An example whose sample weight is 0 (e.g. the padding of
+    `tf_dpadam.data.poisson_batches`) is absent: it contributes nothing to
+    the gradient, not even the gradient of a regularization loss, and is not
+    counted in the denominator when `batch_size=None`.
+    """
+    num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
+    if sample_weight is None or tf.nest.is_nested(sample_weight):
+        return tf.ones((num_examples,), "float32")
+    weight = ops.reshape(sample_weight, (num_examples, -1))
+    return ops.cast(ops.any(ops.not_equal(weight, 0), axis=1), "float32")
+
+
+def views(model, x, y, sample_weight) -> tuple:
+    """`(x, y, sample_weight, present)`: the rows the step clips.
+
+    `present` is per example (K views of an example are one example).
+    With `augment` or K > 1, the rows are the K views of each example,
+    in consecutive rows (made once, outside the per-example gradients);
+    y and the weights follow.
+    """
+    present = present_examples(x, sample_weight)
+    if model.augment is not None or model.augmult > 1:
+        x = augmentation.views(model.augment, x, model.augmult)
+        y, sample_weight = augmentation.repeat_examples(
+            (y, sample_weight), model.augmult
+        )
+    return x, y, sample_weight, present
+
+
+def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
+    """The sum of clipped per-example gradients (phases 1 and 2), in
+    float32, an example with a NaN or infinite gradient or loss adding
+    nothing.
+
+    Such an example gets the clip factor 0; should its 0 * inf make a
+    sum NaN anyway, the sums are computed again with it replaced by a
+    finite example marked absent (`clipping.without_non_finite`; one
+    `tf.cond` for the step: only a batch holding such an example pays,
+    and nothing is held for it otherwise). Returns as
+    `clipped_sum_by_mode`, the norms, losses and predictions being
+    those of the first computation.
+    """
+    summed, norms, losses, y_pred = clipped_sum_by_mode(
+        model, x, y, sample_weight, present, l2_norm_clip)
+
+    def recompute():
+        (x2, y2, w2), present2 = clipping.without_non_finite(
+            (x, y, sample_weight), present, clipping.global_norms(norms),
+            losses, model.augmult)
+        return tf.cond(
+            tf.reduce_any(present2 > 0),
+            lambda: clipped_sum_by_mode(
+                model, x2, y2, w2, present2, l2_norm_clip)[0],
+            lambda: [tf.zeros_like(s) for s in summed])
+
+    summed = tf.cond(clipping.all_finite(summed), lambda: summed, recompute)
+    return summed, norms, losses, y_pred
+
+
+def clipped_sum_by_mode(model, x, y, sample_weight, present,
+                        l2_norm_clip) -> tuple:
+    """The sum of clipped per-example gradients, by `model.clipping`.
+
+    Ghost clipping where the model allows it (decided while tracing),
+    else per-example gradients by a vectorized map. When the optimizer
+    transforms each example's gradient before clipping
+    (`optimizer.per_example_transform`), both paths take it: a
+    coordinate-wise scale (scale-then-privatize) and shifted weights (DiSK;
+    ghost clipping where every rule's blocks come from its records and
+    replays, `ghost_clipping.rule.Rule.shifted_pass`). Both give the same
+    sum up to float rounding (tests/privacy_zoo_test.py). Sets
+    `model.clipping_used` and, when ghost clipping was refused,
+    `model.ghost_unsupported_reason`.
+
+    With augmentation multiplicity K, `x`, `y` and `sample_weight` hold
+    the K views of each example in consecutive rows and `present` is per
+    example.
+
+    Returns:
+        `(summed, norms, losses, y_pred)`: one sum per trainable
+        variable, the per-example gradient norms before clipping, the
+        per-example losses and the predictions (one per row).
+    """
+    transform = model.optimizer.per_example_transform(
+        model.trainable_variables)
+    scales = shifts = None
+    shift_weight = 0.0
+    if transform is not None:
+        scales, shifts = transform.scales, transform.shifts
+        shift_weight = transform.shift_weight
+    if model.clipping != "vectorized":
+        try:
+            summed, norms, losses, y_pred = (
+                ghost_clipping.clipped_gradient_sum(
+                    model, ghost_clipping.compiled_loss_fn(model), x, y,
+                    sample_weight, l2_norm_clip, mask=present,
+                    group_size=model.augmult, scales=scales, shifts=shifts,
+                    shift_weight=shift_weight,
+                )
+            )
+            model.clipping_used = "ghost"
+            return summed, norms, losses, y_pred
+        except ghost_clipping.GhostClippingUnsupportedError as error:
+            if model.clipping == "ghost":
+                raise ValueError(
+                    "make_private(clipping='ghost'): " + str(error)
+                ) from error
+            model.ghost_unsupported_reason = str(error)
+    summed, norms, losses, y_pred = vectorized_clipping.clipped_gradient_sum(
+        model, x, y, sample_weight, l2_norm_clip, mask=present,
+        group_size=model.augmult, transform=transform,
+    )
+    model.clipping_used = "vectorized"
+    return summed, norms, losses, y_pred
+
+
+def logs_for_keras_reduction(logs: dict) -> dict:
+    """The step's logs, as Keras can average them over several workers.
+
+    With several workers Keras' TensorFlow trainer averages each log with
+    `strategy.reduce("MEAN", value, axis=0)`, which fails on the scalars
+    that metrics are (Keras 3.15, tensorflow/tensorflow#72388). Shape [1]
+    reduces to the same scalar mean over the replicas.
+    """
+    strategy = tf.distribute.get_strategy()
+    try:
+        local = len(strategy.extended.worker_devices)
+    except RuntimeError:  # The default strategy.
+        return logs
+    if strategy.num_replicas_in_sync == local:  # One worker.
+        return logs
+    return tf.nest.map_structure(lambda v: ops.reshape(v, (1,)), logs)
