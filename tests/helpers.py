@@ -6,6 +6,7 @@ harness's fixtures (recorded runs, fake training) are in
 research/tests/research_helpers.py: nothing here imports `research`.
 """
 
+import os
 import random
 
 import keras
@@ -20,6 +21,10 @@ from tf_dpadam import privatizer
 from tf_dpadam.tools.diagnostics import moments
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+# tests/ and the repository root, for test modules in any subfolder.
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
 
 
 def classification_data(n, d=6, classes=3, seed=0):

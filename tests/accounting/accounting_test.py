@@ -136,7 +136,8 @@ class NoTensorFlowTest(parameterized.TestCase):
     @parameterized.parameters(
         "accounting/__init__.py", "accounting/epsilon.py",
         "accounting/calibration.py", "accounting/statement.py",
-        "validation.py", "privacy_cli.py", "privacy.py", "command_line.py",
+        "accounting/cli.py", "common/validation.py",
+        "common/command_line.py",
     )
     def test_module_does_not_import_tensorflow(self, filename):
         package = os.path.dirname(os.path.dirname(os.path.abspath(

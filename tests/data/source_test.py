@@ -37,6 +37,8 @@ from tf_dpadam import data as dp_data
 from tf_dpadam.data import source as data_source
 from tf_dpadam.data import sampling
 
+import helpers
+
 
 # Tests that pass by chance fail with probability at most about 1e-6 each.
 _P_FAIL = 1e-6
@@ -530,7 +532,7 @@ class MillionRecordsOnDiskTest(absltest.TestCase):
 
     @pytest.mark.slow
     def test_flat_memory_and_inclusion_frequencies(self):
-        script = os.path.join(os.path.dirname(__file__),
+        script = os.path.join(helpers.TESTS_DIR,
                               "data_source_memory_check.py")
         # glibc gives each thread that allocates its own arena (up to 8 per
         # core) and keeps what is freed there: with the default, the

@@ -26,6 +26,8 @@ from helpers import mlp
 from helpers import numpy_values
 from tf_dpadam.tools import diagnostics
 
+import helpers
+
 # The diagnostics warning (not the explicit-seed warning of make_private).
 _NOT_PRIVATE = "diagnostics=True. is NOT differentially private"
 
@@ -320,7 +322,7 @@ class DistributeTest(absltest.TestCase):
 
     @pytest.mark.slow
     def test_clean_gradient_under_mirrored_strategy(self):
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = helpers.REPO_ROOT
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [root] + [p for p in [env.get("PYTHONPATH")] if p]

@@ -20,7 +20,7 @@ from tf_dpadam import accounting
 from tf_dpadam import privacy
 from tf_dpadam.accounting import cli as privacy_cli
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DELTA = 1e-5
 
 

@@ -22,6 +22,8 @@ from helpers import numpy_values
 from helpers import seed_everything
 from tf_dpadam import data as dp_data
 
+import helpers
+
 
 def _seeded_batches(test, data, **kwargs):
     """`poisson_batches` with an explicit seed, which must warn."""
@@ -425,7 +427,7 @@ class HeldDataMemoryTest(absltest.TestCase):
         # when the arrays were tf.constants, and a study process from 9 to
         # 13 GB at a later run when they were variables. Measured in a
         # child process: three pipelines in turn over the same array.
-        script = os.path.join(os.path.dirname(__file__),
+        script = os.path.join(helpers.TESTS_DIR,
                               "poisson_memory_check.py")
         env = dict(os.environ, MALLOC_ARENA_MAX="2")
         run = subprocess.run([sys.executable, script, "400"],

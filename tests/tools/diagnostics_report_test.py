@@ -21,10 +21,10 @@ from tf_dpadam.tools.diagnostics import report
 
 import helpers
 
-_GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+_GOLDEN = os.path.join(helpers.TESTS_DIR,
                        "testdata", "golden")
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(
-    diagnostics.__file__)))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    diagnostics.__file__))))
 # Importing any of these fails as if matplotlib were not installed.
 _NO_MATPLOTLIB = dict.fromkeys(
     ("matplotlib", "matplotlib.figure", "matplotlib.backends",

@@ -13,7 +13,7 @@ from tf_dpadam.privatizer.ghost_clipping import registry
 
 import helpers
 
-_GUIDE = os.path.join(os.path.dirname(__file__), "..", "docs", "guides",
+_GUIDE = os.path.join(helpers.REPO_ROOT, "docs", "guides",
                       "layers_and_clipping.md")
 
 
