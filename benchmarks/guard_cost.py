@@ -1,4 +1,4 @@
-"""The cost of the independence guard (`tf_dpadam.training.independence`).
+"""The cost of the independence guard (`tf_dpadam.independence`).
 
     PYTHONPATH=. python benchmarks/guard_cost.py [--steps=300] [--repeats=3]
 

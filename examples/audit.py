@@ -6,7 +6,7 @@
 
 Trains the paper's CNN on a Fashion-MNIST subset with m canaries, each
 included with probability 1/2, guesses their inclusion from their scores
-(`tf_dpadam.tools.audit`), and prints as its last line
+(`tf_dpadam.audit`), and prints as its last line
 
     audit: epsilon lower bound L (95% confidence) vs claimed epsilon E
 
@@ -30,13 +30,12 @@ import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam.common import command_line
+from tf_dpadam.optimizers import registry
 
-# --optimizer: tf_dpadam's class and the learning rate.
-OPTIMIZERS = {"dpsgd": ("DPSGD", 4.0), "dpadam": ("DPAdam", 1e-3),
-              "dpadam_corrected": ("DPAdamCorrected", 1e-3),
-              "dpadam_stp": ("DPAdamScaleThenPrivatize", 1e-3),
-              "dpadam_disk": ("DPAdamDiSK", 1e-3)}
-BREAKS = ["none", "no_noise", "no_clipping"]  # tf_dpadam.tools.audit.BREAKS
+# --optimizer: tf_dpadam's registered names (and classes); learning rates.
+OPTIMIZERS = registry.class_names()
+LEARNING_RATES = dict.fromkeys(OPTIMIZERS, 1e-3) | {"dpsgd": 4.0}
+BREAKS = ["none", "no_noise", "no_clipping"]  # tf_dpadam.audit.BREAKS
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
 
 flags.DEFINE_float("noise_multiplier", 2.0, "sigma.", lower_bound=0)
@@ -47,7 +46,7 @@ flags.DEFINE_integer("train_size", 2000, "N, the training examples.",
                      lower_bound=1)
 flags.DEFINE_integer("steps", 400, "T, the DP steps.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "dpadam_corrected", list(OPTIMIZERS),
-                  ", ".join(c for c, _ in OPTIMIZERS.values()) + ".")
+                  ", ".join(OPTIMIZERS.values()) + ".")
 flags.DEFINE_float("learning_rate", None, "Default: 4 (dpsgd), 1e-3 (others).")
 flags.DEFINE_integer("num_canaries", 1000, "m, the canaries.", lower_bound=1)
 flags.DEFINE_integer("num_guesses", 200, "r: guess 'included' for the r/2"
@@ -120,7 +119,7 @@ def main(argv):
         raise app.UsageError(f"--data_dir: {error}; it must hold Fashion-"
                              "MNIST's four *-ubyte.gz files") from error
     import keras  # pylint: disable=g-import-not-at-top
-    audit = tf_dpadam.tools.audit
+    audit = tf_dpadam.audit
     rng = np.random.default_rng(FLAGS.seed)
     subset = rng.choice(len(x_train), FLAGS.train_size, replace=False)
     x, y = x_train[subset], y_train[subset]
@@ -139,11 +138,11 @@ def main(argv):
     dp = dict(l2_norm_clip=FLAGS.l2_norm_clip, batch_size=FLAGS.batch_size,
               noise_multiplier=FLAGS.noise_multiplier,
               learning_rate=(FLAGS.learning_rate
-                             or OPTIMIZERS[FLAGS.optimizer][1]),
+                             or LEARNING_RATES[FLAGS.optimizer]),
               gradient_accumulation_steps=(batches.accumulation_steps
                                            if batches.accumulation_steps > 1
                                            else None))
-    optimizer = getattr(tf_dpadam, OPTIMIZERS[FLAGS.optimizer][0])(
+    optimizer = registry.optimizer_class(FLAGS.optimizer)(
         **dp, **({} if FLAGS.optimizer in ("dpsgd", "dpadam_corrected")
                  else dict(epsilon=1e-8)))
     model.compile(

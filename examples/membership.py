@@ -122,7 +122,7 @@ def row_name(epsilon):
 def attack(epsilon, pool, test, n):
     """Trains the target and the shadows of one setting; returns (row of
     the table, the LiRA result)."""
-    membership = tf_dpadam.tools.membership
+    membership = tf_dpadam.membership
     (x, y), (x_test, y_test) = pool, test
     sigma, steps = None, tf_dpadam.accounting.steps_for_epochs(
         epochs=FLAGS.epochs, num_examples=n, batch_size=FLAGS.batch_size)
@@ -189,7 +189,7 @@ def main(argv):
     for line in (header, ["---"] * len(header), *rows):
         print("| " + " | ".join(line) + " |")
     if FLAGS.plot:
-        membership = tf_dpadam.tools.membership
+        membership = tf_dpadam.membership
         membership.save_roc_plot(curves, FLAGS.plot, title="Offline LiRA,"
                                  f" {n} Fashion-MNIST members")
         print(f"ROC curves: {FLAGS.plot}")

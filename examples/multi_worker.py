@@ -14,7 +14,7 @@ process per worker, e.g. on one machine:
 Each replica clips its own examples; per logical step the clipped sums are
 all-reduced once and the noise is drawn once in total, and B and Phi are
 global. Each worker Poisson-samples its own shard of the N examples with the
-same q = B / N (`tf_dpadam.data.sharding.sharded_poisson_batches`), so the union
+same q = B / N (`tf_dpadam.sharding.sharded_poisson_batches`), so the union
 is exactly the Poisson(q) sample the accounting assumes. Trains a small tanh
 CNN on Fashion-MNIST with DP-AdamBC and prints the test accuracy and epsilon.
 """
@@ -136,7 +136,7 @@ def main(argv):
     fashion_mnist_files(FLAGS.data_dir)  # Fails fast: before TensorFlow.
     strategy = make_strategy(FLAGS.cpus)  # First: before any other op.
     import keras  # pylint: disable=g-import-not-at-top
-    workers, local = tf_dpadam.data.sharding.workers_and_local_replicas(strategy)
+    workers, local = tf_dpadam.sharding.workers_and_local_replicas(strategy)
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
     print(f"worker {task.get('index', 0)} of {workers}, {local} local"
           f" replica(s), {strategy.num_replicas_in_sync} in all")
@@ -149,7 +149,7 @@ def main(argv):
             noise_multiplier=FLAGS.noise_multiplier, accountant="pld")
         steps = min(steps, FLAGS.max_steps or steps)
         # Every worker gets the whole data and keeps its shard (i mod W).
-        batches = tf_dpadam.data.sharding.sharded_poisson_batches(
+        batches = tf_dpadam.sharding.sharded_poisson_batches(
             (x, y), expected_batch_size=FLAGS.batch_size,
             physical_batch_size=FLAGS.physical_batch_size,
             num_workers=workers, replicas_per_worker=local,

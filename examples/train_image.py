@@ -21,16 +21,15 @@ import numpy as np
 
 import tf_dpadam  # TensorFlow loads on first use (--help needs none).
 from tf_dpadam.common import command_line
+from tf_dpadam.optimizers import registry
 
 # The paper's (Appendix): C, sigma, B, DP-AdamBC's gamma' (None: 0.04 Phi).
 PAPER = {"cifar10": dict(l2_norm_clip=1.0, noise_multiplier=1.0,
                          batch_size=2048, gamma_prime=1e-8),
          "fashion_mnist": dict(l2_norm_clip=1.0, noise_multiplier=0.52,
                                batch_size=256, gamma_prime=None)}
-# --optimizer (as a --model_dir records it): tf_dpadam's class.
-OPTIMIZERS = {"dpsgd": "DPSGD", "dpadam": "DPAdam", "dpadam_corrected":
-              "DPAdamCorrected", "dpadam_stp": "DPAdamScaleThenPrivatize",
-              "dpadam_disk": "DPAdamDiSK"}
+# --optimizer (as a --model_dir records it): tf_dpadam's registered names.
+OPTIMIZERS = registry.class_names()
 LEARNING_RATES = dict.fromkeys(OPTIMIZERS, 1e-3) | {"dpsgd": 4.0}
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's package.
 DOWNLOADS = {"fashion_mnist": "http://fashion-mnist.s3-website.eu-central-1"
@@ -112,8 +111,8 @@ def make_cnn(input_shape, num_classes):
 def make_optimizer(name, *, learning_rate, epsilon, **dp):
     """`name`'s optimizer; `epsilon`: gamma, or gamma' (None: 0.04 Phi)."""
     adam = {} if name == "dpsgd" else dict(epsilon=epsilon)
-    return getattr(tf_dpadam, OPTIMIZERS[name])(learning_rate=learning_rate,
-                                                **adam, **dp)
+    return registry.optimizer_class(name)(learning_rate=learning_rate,
+                                          **adam, **dp)
 
 
 def fit_calls(done, steps, every):
@@ -145,7 +144,7 @@ def train():
     dp = {key: paper[key] if FLAGS[key].value is None else FLAGS[key].value
           for key in ("l2_norm_clip", "noise_multiplier", "batch_size")}
     (x, y), (x_test, y_test) = load_dataset(FLAGS.dataset, FLAGS.data_dir)
-    run_dir = tf_dpadam.tools.run_dir  # TensorFlow loads now, after the data.
+    run_dir = tf_dpadam.run_dir  # TensorFlow loads now, after the data.
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
     steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # No search if set.
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),

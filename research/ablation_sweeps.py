@@ -22,8 +22,8 @@ GAMMA_OVER_PHI = dp_math.DEFAULT_GAMMA_OVER_PHI  # gamma' = 0.04 * Phi.
 
 def true_phi(l2_norm_clip, noise_multiplier, batch_size):
     """Phi = (sigma C / B)^2, the noise's bias in each coordinate of v."""
-    return dp_math.noise_variance_phi(l2_norm_clip, noise_multiplier,
-                                      batch_size)
+    return dp_math.noise_variance_phi(
+        dp_math.noise_stddev(l2_norm_clip, noise_multiplier), batch_size)
 
 
 def phi_values(phi, multiples):

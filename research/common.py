@@ -10,9 +10,10 @@ import dataclasses
 import math
 
 import tf_dpadam
+from tf_dpadam.optimizers import registry
 
-OPTIMIZERS = ("dpsgd", "dpadam", "dpadam_corrected", "dpadam_stp",
-              "dpadam_disk")
+# Every --optimizer's name: tf_dpadam's registered DP optimizers.
+OPTIMIZERS = tuple(registry.OPTIMIZERS)
 # The paper's three, as the comparison's plans, tables and plots name them
 # (`research.reproduce`, the results pages).
 OPTIMIZER_NAMES = {
@@ -149,7 +150,9 @@ def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
 
 
 def make_optimizer(config, accumulation_steps=1):
-    """The tf_dpadam optimizer that `config` names."""
+    """The tf_dpadam optimizer that `config` names (a name of the
+    optimizers' registry; an unknown one is a ValueError)."""
+    registry.optimizer_class(config.optimizer)
     common = dict(
         l2_norm_clip=config.l2_norm_clip,
         noise_multiplier=config.noise_multiplier,

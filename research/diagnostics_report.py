@@ -2,7 +2,7 @@
 
 NOT differentially private: it is written from the clipped but un-noised
 gradient of every step. `write_report` writes the Markdown and its
-histograms (`tf_dpadam.tools.diagnostics.render_report`, matplotlib); `findings`
+histograms (`tf_dpadam.diagnostics.render_report`, matplotlib); `findings`
 puts into sentences what the numbers of the snapshots show.
 """
 

@@ -25,7 +25,7 @@ from research import comparison
 from research import finetune as finetune_lib
 from research import runs
 from research.runs import Setting
-from tf_dpadam.common import validation
+from tf_dpadam import accounting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the reports (RESULTS*.md, ABLATIONS_*, the studies' pages, their
@@ -182,7 +182,7 @@ def calibrated_base(base, num_examples, accountant):
     `study_plan.make_cell` does. `(base, None)` when base has no target
     (its epochs decide) or `accountant` is the runs' own.
     """
-    validation.check_accountant(accountant)
+    accounting.get_accountant(accountant)
     if base.target_epsilon is None or accountant == common.ACCOUNTANT:
         return base, None
     steps = common.total_steps(base, num_examples, accountant=accountant)
@@ -220,7 +220,7 @@ def make_plan(task, *, base, learning_rates, gammas, seeds, runs_dir, data,
                         gammas.get(name, (None,)))
         for name in optimizers
     }
-    validation.check_accountant(calibration_accountant)
+    accounting.get_accountant(calibration_accountant)
     calibration = None
     if (base.target_epsilon is not None
             and calibration_accountant != common.ACCOUNTANT):

@@ -134,7 +134,7 @@ def comparable_config(config):
     return values
 
 
-# The run folder's JSON files, read and written whole (`tf_dpadam.tools.run_dir`).
+# The run folder's JSON files, read and written whole (`tf_dpadam.run_dir`).
 read_json = run_dir.read_json
 write_json = run_dir.write_json
 

@@ -285,7 +285,7 @@ def define_training_flags():
     flags.DEFINE_bool("resume_counting_all_steps", False,
                       "Resume a --model_dir whose checkpoint and ledger.json"
                       " disagree (or one is missing), counting the steps of"
-                      " both (tf_dpadam.tools.run_dir.begin_ledger).")
+                      " both (tf_dpadam.run_dir.begin_ledger).")
     flags.DEFINE_string("tensorboard_dir", None,
                         "Write TensorBoard logs here: loss, accuracy and "
                         "epsilon per step (batch_*) and per evaluation "

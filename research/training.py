@@ -17,7 +17,7 @@ overwrite); the evaluations (the curve's val_* metrics, the final test
 metrics) and the returned model use the average; the checkpoint keeps the raw
 weights, with the average in the optimizer's state.
 
-A `model_dir` (issue 34) is kept by `tf_dpadam.tools.run_dir`: held by one process
+A `model_dir` (issue 34) is kept by `tf_dpadam.run_dir`: held by one process
 at a time (`hold`: a lock, and a writable folder, checked before any step),
 checkpoints written whole (`save_checkpoint`: a temporary file renamed over
 the checkpoint, the one before kept as `checkpoint.prev.keras`), so a kill at
@@ -313,7 +313,7 @@ def compile_private(model, config, loss, accumulation_steps):
 
 
 # ---------------------------------------------------------------------------
-# The run directory (--model_dir): `tf_dpadam.tools.run_dir` holds it for one
+# The run directory (--model_dir): `tf_dpadam.run_dir` holds it for one
 # process at a time, writes whole checkpoints and keeps the privacy ledger.
 
 # How epsilon is computed (recorded, not a setting of the training: a run
@@ -322,7 +322,7 @@ ACCOUNTANT = common.ACCOUNTANT
 
 
 def privacy_settings(config, num_examples, accumulation_steps):
-    """`tf_dpadam.tools.run_dir.privacy_settings` of a `common.TrainConfig`."""
+    """`tf_dpadam.run_dir.privacy_settings` of a `common.TrainConfig`."""
     return run_dir_lib.privacy_settings(
         noise_multiplier=config.noise_multiplier,
         l2_norm_clip=config.l2_norm_clip, batch_size=config.batch_size,

@@ -17,7 +17,7 @@ import tf_dpadam
 from tf_dpadam.privatizer import dp_math
 from tf_dpadam.privatizer import ghost_clipping
 from tf_dpadam.common import compat
-from tf_dpadam import privatizer
+from tf_dpadam.privatizer import clipping
 from tf_dpadam.tools.diagnostics import moments
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -95,7 +95,7 @@ def reference_per_example_gradients(model, loss, x, y, sample_weight=None):
 
     @tf.function
     def run(x, y, w):
-        grads, losses, _ = privatizer.per_example_gradients(
+        grads, losses, _ = clipping.per_example_gradients(
             example_loss, variables, (x, y, w)
         )
         return grads, losses
@@ -149,7 +149,7 @@ class GhostLockstepMixin:
             clip = float(np.median(norms)) * 1.0001
         self.assertGreater(np.sum(norms > clip), 0)
         self.assertGreater(np.sum(norms < clip), 0)
-        expected, _ = privatizer.clip_and_sum(grads, clip, mask=mask)
+        expected, _ = clipping.clip_and_sum(grads, clip, mask=mask)
         if mask is not None:
             mask = tf.convert_to_tensor(mask, "float32")
         summed, ghost_norms, ghost_losses, y_pred = ghost_clipped_sum(
@@ -207,7 +207,7 @@ def reference_dpsgd_step(test, model, loss, x, y):
     clip = float(np.median(norms)) * 1.0001
     test.assertGreater(np.sum(norms > clip), 0)
     test.assertGreater(np.sum(norms < clip), 0)
-    summed, _ = privatizer.clip_and_sum(grads, clip)
+    summed, _ = clipping.clip_and_sum(grads, clip)
     return clip, [-s.numpy() / len(norms) for s in summed]
 
 

@@ -16,8 +16,9 @@ from absl.testing import parameterized
 from scipy import stats
 
 import tf_dpadam
+from tf_dpadam.common import seeds
+from tf_dpadam.privatizer import noise
 from tf_dpadam.training import model_ledger
-from tf_dpadam import privatizer
 
 import helpers
 
@@ -169,7 +170,7 @@ class SecretNoiseTest(parameterized.TestCase):
         _assert_independent(self, first, second)
 
     def test_seeds_are_64_bit_secrets(self):
-        seeds = {privatizer.secret_seed() for _ in range(100)}
+        seeds = {seeds.secret_seed() for _ in range(100)}
         self.assertLen(seeds, 100)
         self.assertTrue(all(0 <= s < 2**63 for s in seeds))
         # The top bit is used: some of 100 seeds exceed 2**62 (chance of
@@ -199,8 +200,8 @@ class SecureModeTest(parameterized.TestCase):
 
     def test_secure_mode_draws_differ_from_a_single_normal(self):
         seed = tf.constant([3, 4], tf.int64)
-        plain = privatizer.gaussian([1000], 1.0, tf.float32, seed)
-        secure = privatizer.gaussian([1000], 1.0, tf.float32, seed,
+        plain = noise.gaussian([1000], 1.0, tf.float32, seed)
+        secure = noise.gaussian([1000], 1.0, tf.float32, seed,
                                      secure_mode=True)
         self.assertGreater(np.max(np.abs(plain - secure)), 0.1)
 

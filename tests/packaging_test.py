@@ -35,10 +35,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PUBLIC_PACKAGES = (
     "tf_dpadam",
     "tf_dpadam.accounting",
-    "tf_dpadam.tools.diagnostics",
+    "tf_dpadam.diagnostics",
     "tf_dpadam.privatizer.ghost_clipping",
-    "tf_dpadam.training.independence",
-    "tf_dpadam.tools.membership",
+    "tf_dpadam.independence",
+    "tf_dpadam.membership",
 )
 
 # (module, names): public functions and classes whose signatures must be
@@ -52,7 +52,7 @@ TYPED = (
         "epsilon_without_amplification", "steps_for_epochs",
         "training_steps")),
     ("tf_dpadam.data", ("poisson_batches", "poisson_batches_from_source")),
-    ("tf_dpadam.data.sharding", ("sharded_poisson_batches",
+    ("tf_dpadam.sharding", ("sharded_poisson_batches",
                             "workers_and_local_replicas")),
     ("tf_dpadam.layers", ("standardize_kernel", "WSConv2D")),
     ("tf_dpadam.training.callbacks", ("PrivacyBudget",)),

@@ -739,7 +739,7 @@ def _tiny_bert_full():
 
 _add("position_embedding", _position_embedding)
 # "auto" in a graph only (ghost, every layer by its rule; 1.4 s): the other
-# modes would add ~6 s; tests/ghost_clipping_keras_hub_test.py runs it under
+# modes would add ~6 s; tests/privatizer/ghost_clipping_keras_hub_test.py runs it under
 # XLA too.
 _add("tiny_bert_full", _tiny_bert_full, modes=("auto",), xla=False)
 

@@ -36,7 +36,7 @@ DOCUMENTS = [os.path.join(_ROOT, "README.md")] + sorted(
 MAIN_JOB = ("python -m examples.train_image --dataset=fashion_mnist"
             " --optimizer=dpadam_corrected")
 QUICK_MAIN_JOB = MAIN_JOB + " --max_steps=2 --max_examples=4096"
-PRIVACY = "python -m tf_dpadam.privacy "
+PRIVACY = "python -m tf_dpadam.accounting.cli "
 # Not run, nor their flags parsed: what they are is the reason.
 EXCLUDED = {
     "bash setup.sh": "the set-up (installs packages)",
@@ -222,7 +222,7 @@ class ExtractionTest(absltest.TestCase):
             defined_flags("  --x: X.\n  --[no]y: Y.\nusage: [--z Z]\n"),
             {"x", "y", "noy", "z"})
         self.assertIsNone(module_file("tf_dpadam.no_such_module"))
-        self.assertIsNotNone(module_file("tf_dpadam.privacy"))
+        self.assertIsNotNone(module_file("tf_dpadam.accounting.cli"))
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Models and losses that mix examples: refused, or exact with sensitivity <= C.
 
 Each case is trained through `make_private` and either refused before its
-first step by the independence guard (`tf_dpadam.training.independence`), with a
+first step by the independence guard (`tf_dpadam.independence`), with a
 `ValueError` naming the cause, or measured (`sensitivity.py`): the clipped
 sum must move by at most C when one example is removed. Before the guard a
 CLIP-style loss measured 1.93 C under clipping="auto" (0 under "vectorized":

@@ -148,7 +148,7 @@ class KillLoopTest(absltest.TestCase):
             # SAVED is logged just after the rename: a kill in between
             # leaves one more step than the log says.
             self.assertBetween(after["START"][0][1], last, last + 1)
-        checkpoint = tf_dpadam.tools.run_dir.load_checkpoint(self.model_dir)
+        checkpoint = tf_dpadam.run_dir.load_checkpoint(self.model_dir)
         self.assertEqual(checkpoint.privacy_ledger.steps, check.TOTAL_STEPS)
         self.assertEqual(
             glob.glob(os.path.join(self.model_dir, "*.partial*")), [])

@@ -78,6 +78,8 @@ def _load_all():
     from tf_dpadam.tools.diagnostics import MomentDiagnostics
     from tf_dpadam.optimizers.disk import DPAdamDiSK
     from tf_dpadam.tools.gradient_norms import per_example_gradient_norms
+    from tf_dpadam.privatizer.ghost_clipping.registry import (
+        register_ghost_rule)
     from tf_dpadam.privatizer.dp_math import DPConfig
     from tf_dpadam.tools.fixer import fix
     from tf_dpadam.tools.fixer import Problem
@@ -122,6 +124,7 @@ __all__ = [
     "fix",
     "validate",
     "per_example_gradient_norms",
+    "register_ghost_rule",
     "StepHooks",
     # Accounting.
     "PrivacyBudget",
@@ -167,6 +170,8 @@ if TYPE_CHECKING:  # The same names, for type checkers (tf_dpadam is typed).
     from tf_dpadam.tools.diagnostics import MomentDiagnostics
     from tf_dpadam.optimizers.disk import DPAdamDiSK
     from tf_dpadam.tools.gradient_norms import per_example_gradient_norms
+    from tf_dpadam.privatizer.ghost_clipping.registry import (
+        register_ghost_rule)
     from tf_dpadam.privatizer.dp_math import DPConfig
     from tf_dpadam.tools.fixer import fix
     from tf_dpadam.tools.fixer import Problem

@@ -134,7 +134,8 @@ class ValidationTest(parameterized.TestCase):
 class NoTensorFlowTest(parameterized.TestCase):
 
     @parameterized.parameters(
-        "accounting/__init__.py", "accounting/epsilon.py",
+        "accounting/__init__.py", "accounting/accountants.py",
+        "accounting/epsilon.py",
         "accounting/calibration.py", "accounting/statement.py",
         "accounting/cli.py", "common/validation.py",
         "common/command_line.py",
@@ -159,7 +160,8 @@ class NoTensorFlowTest(parameterized.TestCase):
             if root == "tf_dpadam":
                 self.assertRegex(
                     name,
-                    r"^tf_dpadam\.(accounting|validation|privacy_cli|command_line)\b",
+                    r"^tf_dpadam\.(accounting|common\.validation"
+                    r"|common\.command_line)\b",
                 )
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
-"""Tests of the command line `python -m tf_dpadam.accounting.cli`.
-
-`python -m tf_dpadam.privacy`, its older name (the command the README
-documents), is a shim that must keep working too.
+"""Tests of the command line `python -m tf_dpadam.accounting.cli`, installed
+as the console script `tf_dpadam_privacy` (pyproject.toml).
 """
 
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from tf_dpadam import accounting
-from tf_dpadam import privacy
 from tf_dpadam.accounting import cli as privacy_cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,11 +42,12 @@ class CommandLineTest(absltest.TestCase):
 
     @pytest.mark.slow
     def test_subprocess_statement(self):
-        # Two invocations only (the old name and the new one, one mode
+        # Two invocations only (the module and the console script, one mode
         # each): each pays the package's import time. The other modes are
         # tested through `privacy_cli.report` below.
         process = _start(
-            "tf_dpadam.privacy", "--num_examples=60000", "--batch_size=256",
+            "tf_dpadam.accounting.cli", "--num_examples=60000",
+            "--batch_size=256",
             "--noise_multiplier=1.1", "--epochs=60", "--delta=1e-5",
         )
         out, err = process.communicate(timeout=120)
@@ -96,11 +95,12 @@ class CommandLineTest(absltest.TestCase):
               "--noise_multiplier=1", "--delta=1e-5"], "batch_size=200"),
         )
         # Started together: each process mostly imports.
-        processes = [_start("tf_dpadam.privacy", *args) for args, _ in cases]
+        processes = [_start("tf_dpadam.accounting.cli", *args)
+                     for args, _ in cases]
         for process, (_, flag) in zip(processes, cases):
             out, err = process.communicate(timeout=120)
             lines = [l for l in err.splitlines()
-                     if l.startswith("privacy.py: error:")]
+                     if l.startswith("cli.py: error:")]
             self.assertEqual(process.returncode, 2, msg=err)
             self.assertLen(lines, 1, msg=err)
             self.assertIn(flag, lines[0])
@@ -108,17 +108,22 @@ class CommandLineTest(absltest.TestCase):
             self.assertNotIn("--accountant", err + out)  # No help dump.
 
     @pytest.mark.slow
-    def test_subprocess_help_of_the_old_name_shows_the_usage_and_flags(self):
-        process = _start("tf_dpadam.privacy", "--help")
-        out, _ = process.communicate(timeout=120)  # absl exits 1 on --help.
-        self.assertIn("Command line for the privacy accounting", out)
+    def test_console_script_shows_the_usage_and_flags(self):
+        script = shutil.which("tf_dpadam_privacy") or os.path.join(
+            os.path.dirname(sys.executable), "tf_dpadam_privacy")
+        if not os.path.exists(script):
+            self.skipTest("tf_dpadam is not installed (pip install -e .)")
+        process = subprocess.run([script, "--help"], capture_output=True,
+                                 text=True, timeout=120, check=False)
+        self.assertIn("Command line for the privacy accounting",
+                      process.stdout)
         for flag in ("--num_examples", "--target_epsilon", "--accountant"):
-            self.assertIn(flag, out)
-
-    def test_shim_is_the_same_command_line(self):
-        for name in ("define_flags", "main", "report", "steps_report",
-                     "noise_multiplier_report"):
-            self.assertIs(getattr(privacy, name), getattr(privacy_cli, name))
+            self.assertIn(flag, process.stdout)
+        process = subprocess.run([script, "--batch_size=256"],
+                                 capture_output=True, text=True, timeout=120,
+                                 check=False)
+        self.assertEqual(process.returncode, 2, process.stderr)
+        self.assertIn("tf_dpadam_privacy: error:", process.stderr)
 
     def test_main_rejects_stray_arguments(self):
         with self.assertRaisesRegex(app.UsageError, "Unexpected arguments: x"):

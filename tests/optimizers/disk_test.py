@@ -13,7 +13,7 @@ from absl.testing import parameterized
 import tf_dpadam
 from tf_dpadam.optimizers import disk
 
-import augmentation_test
+from training import augmentation_test
 import scale_then_privatize_test as stp_test
 
 _BETA_1, _BETA_2, _EPS = 0.9, 0.999, 1e-7

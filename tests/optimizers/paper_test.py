@@ -25,7 +25,8 @@ from absl.testing import parameterized
 from scipy import stats
 
 import tf_dpadam
-from tf_dpadam import privatizer
+from tf_dpadam.common import seeds
+from tf_dpadam.privatizer import noise
 
 _LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 _D, _HIDDEN, _CLASSES = 4, 5, 3
@@ -539,15 +540,15 @@ class NoiseStatisticsTest(parameterized.TestCase):
         n = shape[0] * shape[1]
         zeros = [tf.zeros(shape), tf.zeros(shape)]
         if seed == "noise_seeds":
-            seeds = privatizer.NoiseSeeds(5)
+            noise_seeds = seeds.NoiseSeeds(5)
             step = tf.function(
-                lambda t: privatizer.add_noise(zeros, stddev, seeds.next(t)),
+                lambda t: noise.add_noise(zeros, stddev, noise_seeds.next(t)),
                 jit_compile=jit,
             )
             draws = step(tf.constant(0)) + step(tf.constant(1))
         else:
             step = tf.function(
-                lambda s: privatizer.add_noise(zeros, stddev, s),
+                lambda s: noise.add_noise(zeros, stddev, s),
                 jit_compile=jit,
             )
             draws = step(tf.constant([5, 6])) + step(tf.constant([5, 7]))

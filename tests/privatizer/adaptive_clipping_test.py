@@ -21,6 +21,7 @@ from absl.testing import parameterized
 
 import tf_dpadam
 from tf_dpadam.privatizer import adaptive_clipping
+from tf_dpadam.privatizer import noise
 
 
 def linear_loss(y_true, y_pred):
@@ -346,8 +347,10 @@ class MovingPhiTest(absltest.TestCase):
         for t in range(1, 31):
             g = rng.normal(size=6) * 0.1
             fraction = rng.uniform(0, 1)
-            opt.apply_private([tf.constant(g, tf.float32)], [var],
-                              float(self.b), tf.constant([fraction]))
+            # Phi as the step's privatizer returns it: from this step's C.
+            _, phi = noise.divide([], opt.gradient_noise_stddev(), self.b)
+            opt.apply_private([tf.constant(g, tf.float32)], [var], phi,
+                              tf.constant([fraction]))
             phi_t = (z_grad * clip / self.b) ** 2
             phi_sum = b2 * phi_sum + (1 - b2) * phi_t
             phi_hat = phi_sum / (1 - b2 ** t)
@@ -373,8 +376,9 @@ class MovingPhiTest(absltest.TestCase):
         for t in range(1, 41):
             clip = opt.l2_norm_clip
             g = rng.normal(size=20000) * z_grad * clip / self.b
-            opt.apply_private([tf.constant(g, tf.float32)], [var],
-                              float(self.b), tf.constant([1.0]))
+            _, phi = noise.divide([], opt.gradient_noise_stddev(), self.b)
+            opt.apply_private([tf.constant(g, tf.float32)], [var], phi,
+                              tf.constant([1.0]))
         _, v = opt.moments(var)
         v_hat = np.mean(v.numpy()) / (1 - opt.beta_2 ** 40)
         # The Phi that step 40 subtracted (`step_phi` reads t = 41 now).

@@ -13,6 +13,7 @@ from absl.testing import parameterized
 
 import tf_dpadam
 from tf_dpadam.privatizer import clip_groups
+from tf_dpadam.privatizer import noise
 
 PATHS = ["sequential/dense/kernel", "sequential/dense/bias",
          "sequential/head/kernel", "sequential/head/bias"]
@@ -168,7 +169,10 @@ class NoiseTest(absltest.TestCase):
         phi = tf_dpadam.DPAdamCorrected(
             l2_norm_clip=clips, noise_multiplier=sigma, batch_size=b)
         zeros = [tf.zeros(v.shape) for v in model.trainable_variables]
-        phi.apply_private(zeros, model.trainable_variables, b)
+        phi.build(model.trainable_variables)
+        # The step's privatizer: sigma times the total C, over B.
+        _, step_phi = noise.divide(zeros, phi.gradient_noise_stddev(), b)
+        phi.apply_private(zeros, model.trainable_variables, step_phi)
         self.assertAlmostEqual(float(phi.step_phi()), (sigma * 0.5 / b) ** 2,
                                places=7)
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 from absl.testing import absltest
+import tensorflow as tf
 from absl.testing import parameterized
 from keras import ops
 
@@ -22,10 +23,13 @@ class NoiseTest(absltest.TestCase):
     def test_noise_stddev_and_phi(self):
         # sigma C = 1.5 * 0.4 = 0.6; Phi = (0.6 / 12)^2 = 0.0025.
         self.assertAlmostEqual(dp_math.noise_stddev(0.4, 1.5), 0.6)
-        self.assertAlmostEqual(dp_math.noise_variance_phi(0.4, 1.5, 12),
-                               0.0025)
+        self.assertAlmostEqual(dp_math.noise_variance_phi(0.6, 12), 0.0025)
+        # The same in float32 from tensors (the privatizer's Phi).
+        self.assertAlmostEqual(
+            float(dp_math.noise_variance_phi(tf.constant(0.6), 12.0)),
+            0.0025, places=8)
         # No noise, no bias.
-        self.assertEqual(dp_math.noise_variance_phi(1.0, 0.0, 8), 0.0)
+        self.assertEqual(dp_math.noise_variance_phi(0.0, 8), 0.0)
 
     def test_default_gamma_is_a_floored_fraction_of_phi(self):
         # 0.04 * 2.4e-7 = 9.6e-9 (the paper's CIFAR-10 Phi gives ~1e-8),

@@ -9,6 +9,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from tf_dpadam.privatizer import ghost_clipping
+from tf_dpadam.privatizer.ghost_clipping import dense
 from tf_dpadam.privatizer.ghost_clipping import registry
 
 import helpers
@@ -67,7 +68,7 @@ class RuleLookupTest(parameterized.TestCase):
         self.assertIn(reason, got)
 
     def test_lora_and_replaced_call(self):
-        # LoRA layers take their table's rule (tests/ghost_clipping_lora_test.py).
+        # LoRA layers take their table's rule (tests/privatizer/ghost_clipping_lora_test.py).
         layer = keras.layers.Dense(3)
         layer.build((None, 4))
         layer.enable_lora(2)
@@ -82,6 +83,23 @@ class RuleLookupTest(parameterized.TestCase):
         object.__setattr__(plain, "call", lambda inputs: inputs)
         self.assertEqual(registry.ghost_rule(plain),
                          (None, "call is replaced on the instance"))
+
+    def test_a_registered_rule_is_looked_up_not_tabled(self):
+        # A user's rule (tests/privatizer/ghost_clipping_user_rule_test.py):
+        # nearest registered class first, not in GHOST_RULES nor the docs.
+
+        class _Rule(dense.DenseRule):
+            name = "Registered"
+
+        table = registry.markdown_table()
+        tf_dpadam.register_ghost_rule(_SubclassedDense, _Rule)
+        self.addCleanup(registry.unregister_ghost_rule, _SubclassedDense)
+        self.assertEqual(registry.ghost_rule(_SubclassedDense(3)),
+                         (_Rule, None))
+        self.assertIs(registry.ghost_rule(keras.layers.Dense(3))[0],
+                      dense.DenseRule)
+        self.assertNotIn(_SubclassedDense, registry.GHOST_RULES)
+        self.assertEqual(registry.markdown_table(), table)
 
     def test_refusals(self):
         batch_norm = keras.layers.BatchNormalization()

@@ -7,9 +7,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import tf_dpadam
+from tf_dpadam.privatizer import clipping
 from tf_dpadam.privatizer import dp_math
 from tf_dpadam.privatizer import ghost_clipping
-from tf_dpadam import privatizer
 from tf_dpadam.privatizer import vectorized_clipping
 
 import helpers
@@ -48,7 +48,7 @@ class VectorizedClippingTest(parameterized.TestCase):
                 model, x, y, w)
             norms = dp_math.per_example_global_norms(grads)
             clip = tf.sort(norms)[helpers.BATCH // 2]
-            summed, _ = privatizer.clip_and_sum(grads, clip, mask=mask)
+            summed, _ = clipping.clip_and_sum(grads, clip, mask=mask)
             return summed, norms, losses, clip
 
         summed, norms, losses, clip = vectorized(x, y, weights)

@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.audit.bound against independent computations.
+"""Tests of tf_dpadam.audit.bound against independent computations.
 
 The independent references: SciPy's binomial distribution (a different
 implementation of the same tails), the closed form for delta = 0 and all
@@ -29,7 +29,7 @@ def scipy_p_value(m, r, v, eps, delta):
 
 
 def test_signature_is_exactly_the_documented_one():
-    signature = inspect.signature(tf_dpadam.tools.audit.epsilon_lower_bound)
+    signature = inspect.signature(tf_dpadam.audit.epsilon_lower_bound)
     assert list(signature.parameters) == [
         "num_canaries", "num_guesses", "num_correct", "delta", "confidence"]
     assert signature.parameters["confidence"].default == 0.95

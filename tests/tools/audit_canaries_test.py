@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.audit's canaries, guesses and deliberate breaks.
+"""Tests of tf_dpadam.audit's canaries, guesses and deliberate breaks.
 
 Lockstep: a private model with gradient canaries against the same model
 without them (noise-free, so the difference is exactly the canaries'

@@ -1,4 +1,4 @@
-"""How the audit registers on a private model (`tf_dpadam.tools.audit.hooks`)."""
+"""How the audit registers on a private model (`tf_dpadam.audit.hooks`)."""
 
 import keras
 from absl.testing import absltest

@@ -325,7 +325,7 @@ class DistributeTest(absltest.TestCase):
         root = helpers.REPO_ROOT
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [root] + [p for p in [env.get("PYTHONPATH")] if p]
+            [root, helpers.TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p]
         )
         run = subprocess.run(
             [sys.executable, __file__, "distribute_child"],

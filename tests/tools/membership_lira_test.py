@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.membership.lira.
+"""Tests of tf_dpadam.membership.lira.
 
 References: NumPy means and standard deviations of the selected scores,
 SciPy's normal log-density. Planted answers: scores drawn from known

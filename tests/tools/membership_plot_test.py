@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.membership.plot: a PNG with log-log axes is written."""
+"""Tests of tf_dpadam.membership.plot: a PNG with log-log axes is written."""
 
 import os
 import tempfile

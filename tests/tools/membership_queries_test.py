@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.membership.queries.
+"""Tests of tf_dpadam.membership.queries.
 
 References: flips and shifts written as explicit loops over pixels, with
 NumPy's reflection and zeros for the border; the list `image_queries`

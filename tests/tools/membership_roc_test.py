@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.membership.roc against independent computations.
+"""Tests of tf_dpadam.membership.roc against independent computations.
 
 References: a brute-force ROC (every threshold, counted with NumPy
 comparisons), SciPy's Mann-Whitney U for the AUC, a brute-force balanced

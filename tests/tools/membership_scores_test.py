@@ -1,4 +1,4 @@
-"""Tests of tf_dpadam.tools.membership.scores.
+"""Tests of tf_dpadam.membership.scores.
 
 References: the scores written from the softmax probabilities in NumPy
 (where they are representable), their closed forms for logits whose

@@ -1,4 +1,4 @@
-"""Tests of `tf_dpadam.training.independence.guard` and `probe`: when the guard checks,
+"""Tests of `tf_dpadam.independence.guard` and `probe`: when the guard checks,
 that checking changes nothing in training, and what it sees that the
 outputs do not (a gradient that mixes, a mixing that starts later).
 

@@ -1,4 +1,4 @@
-"""Tests of `tf_dpadam.training.independence.rows`: the pure helpers of the
+"""Tests of `tf_dpadam.independence.rows`: the pure helpers of the
 independence check and the tolerance that decides "unchanged".
 
 The check itself is tested on zoos of mixing and non-mixing models in

@@ -49,13 +49,33 @@ keeps TF-Privacy's RDP numbers. Every public function that computes an
 epsilon with a known N warns once if delta >= 1 / N
 (`tf_dpadam.common.validation.LargeDeltaWarning`).
 
-The names of the choices: `ACCOUNTANTS` ("rdp", "pld") and `SAMPLINGS`
-("poisson", "shuffled"; `check_sampling` checks one).
+The accountants are objects in one registry (`accountants`), the one place
+their names are known: `ACCOUNTANTS` maps each name to its `Accountant`
+(`accountants.RDP`, `accountants.PLD`) in the order "rdp", "pld", so
+`list(ACCOUNTANTS)` is ["rdp", "pld"], the command line's choices. Every
+`accountant=` argument is looked up there (`get_accountant`, whose
+`ValueError` reads "Expected accountant='prv' in ('rdp', 'pld')."), and
+the object, not an if/else on the name, computes: `poisson_epsilon` (T
+steps), `gaussian_epsilon` (fixed batches), `ledger_epsilon` (a ledger's
+composition) and the calibrations' searches (`steps_guess`,
+`smallest_noise_within`: PLD starts from RDP's answer). A new accountant is
+a subclass of `Accountant` in one module and one call,
+`register_accountant(MyAccountant())`; every function that takes
+`accountant=` then accepts its name (`unregister_accountant` removes it).
+
+The names of the sampling choices: `SAMPLINGS` ("poisson", "shuffled";
+`check_sampling` checks one).
+
+The public constants: `ACCOUNTANTS` (above), `SAMPLINGS` (above),
+`RDP_ORDERS` and `TF_PRIVACY_RDP_ORDERS` (the RDP orders above) and
+`PLD_VALUE_DISCRETIZATION_INTERVAL` (1e-3, above).
 
 Nothing here prints or imports TensorFlow. The modules:
 
-* `epsilon`: the event, the orders and the epsilon of T steps
-  (`compute_dp_sgd_privacy`, `epsilon_after_steps`, `steps_for_epochs`);
+* `epsilon`: the event, the orders and what the accountants compute with
+  (`compute_dp_sgd_privacy`, `steps_for_epochs`);
+* `accountants`: the accountants and their registry, and the epsilon of T
+  steps by an accountant's name (`epsilon_after_steps`);
 * `calibration`: `calibrate_steps` and `calibrate_noise_multiplier`;
 * `statement`: `compute_dp_sgd_privacy_statement`, with user-level DP;
 * `passes`: the epsilon of fixed batches, without amplification;
@@ -66,12 +86,17 @@ Nothing here prints or imports TensorFlow. The modules:
 This package re-exports their public names.
 """
 
+from tf_dpadam.accounting import accountants
+from tf_dpadam.accounting.accountants import ACCOUNTANTS
+from tf_dpadam.accounting.accountants import Accountant
+from tf_dpadam.accounting.accountants import epsilon_after_steps
+from tf_dpadam.accounting.accountants import get_accountant
+from tf_dpadam.accounting.accountants import register_accountant
+from tf_dpadam.accounting.accountants import unregister_accountant
 from tf_dpadam.accounting.calibration import calibrate_noise_multiplier
 from tf_dpadam.accounting.calibration import calibrate_steps
-from tf_dpadam.accounting.epsilon import ACCOUNTANTS
 from tf_dpadam.accounting.epsilon import compute_dp_sgd_privacy
 from tf_dpadam.accounting.epsilon import dp_sgd_event
-from tf_dpadam.accounting.epsilon import epsilon_after_steps
 from tf_dpadam.accounting.epsilon import PLD_VALUE_DISCRETIZATION_INTERVAL
 from tf_dpadam.accounting.epsilon import RDP_ORDERS
 from tf_dpadam.accounting.epsilon import SAMPLINGS
@@ -90,6 +115,7 @@ from tf_dpadam.accounting.passes import epsilon_without_amplification
 
 __all__ = [
     "ACCOUNTANTS",
+    "Accountant",
     "Ledger",
     "Mechanism",
     "PLD_VALUE_DISCRETIZATION_INTERVAL",
@@ -97,6 +123,7 @@ __all__ = [
     "SAMPLINGS",
     "Segment",
     "TF_PRIVACY_RDP_ORDERS",
+    "accountants",
     "calibrate_noise_multiplier",
     "calibrate_steps",
     "check_sampling",
@@ -105,9 +132,12 @@ __all__ = [
     "dp_sgd_event",
     "epsilon_after_steps",
     "epsilon_without_amplification",
+    "get_accountant",
     "ledger",
     "passes",
     "plans",
+    "register_accountant",
     "steps_for_epochs",
     "training_steps",
+    "unregister_accountant",
 ]

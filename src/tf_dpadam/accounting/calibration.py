@@ -3,6 +3,8 @@
 Both are bracketed searches over `epsilon_after_steps` (PLD, discretization
 1e-3, by default, or RDP over `RDP_ORDERS`): they print nothing, raise
 `ValueError` when the ask is impossible, and warn once if delta >= 1 / N.
+How each accountant searches is its own (`accountants.Accountant`'s
+`steps_guess` and `smallest_noise_within`); the searches are in `search`.
 
 They are bounded: `calibrate_steps` answers at most `MAX_CALIBRATED_STEPS`
 steps, PLD raises `pld.PLDTooLargeError` (a `ValueError`) rather than take
@@ -13,6 +15,7 @@ more than about a second a probe, and a PLD search starts from RDP's answer
 import math
 
 from tf_dpadam.common import validation
+from tf_dpadam.accounting import accountants
 from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.accounting import passes
 from tf_dpadam.accounting import pld
@@ -22,13 +25,6 @@ from tf_dpadam.accounting import search
 # `ValueError`. PLD at T = 10**7 (q = 256/60000, sigma = 6) takes about
 # 0.5 s and 300,000 points.
 MAX_CALIBRATED_STEPS = 10**7
-# `calibrate_noise_multiplier` searches sigma in this range.
-_MIN_NOISE_MULTIPLIER = 1e-3
-_MAX_NOISE_MULTIPLIER = 1e6
-# `calibrate_noise_multiplier` returns sigma within this relative tolerance;
-# its first step from a guess is this factor.
-_NOISE_MULTIPLIER_RTOL = 0.01
-_FIRST_NOISE_FACTOR = 1.1
 
 
 def calibrate_steps(
@@ -69,7 +65,7 @@ def calibrate_steps(
         batch_size: Expected batch size B, 0 < B <= N.
         noise_multiplier: sigma > 0.
         delta: Target delta in (0, 1).
-        accountant: "pld" (default) or "rdp".
+        accountant: "pld" (default) or "rdp" (a name in `ACCOUNTANTS`).
         sampling: "poisson" (default) or "shuffled".
 
     Returns:
@@ -92,7 +88,7 @@ def calibrate_steps(
     validation.check_sizes("num_examples", num_examples, batch_size)
     validation.check_positive_real("noise_multiplier", noise_multiplier)
     validation.check_delta(delta)
-    validation.check_accountant(accountant)
+    accountants.get_accountant(accountant)  # A registered name.
     accounting_epsilon.check_sampling(sampling)
     validation.warn_large_delta(delta, num_examples)
     return steps_within(
@@ -111,8 +107,9 @@ def steps_within(*, target_epsilon, num_examples, batch_size,
             batch_size=batch_size, noise_multiplier=noise_multiplier,
             delta=delta, accountant=accountant)
     q = batch_size / num_examples
+    chosen = accountants.get_accountant(accountant)
 
-    def eps(steps, accountant=accountant):
+    def eps(steps, accountant=chosen):
         return accounting_epsilon.epsilon_at_rate(
             q, float(noise_multiplier), steps, float(delta), accountant)
 
@@ -126,11 +123,7 @@ def steps_within(*, target_epsilon, num_examples, batch_size,
             " epsilon of a single step (the smallest epsilon reachable with"
             f" {setting})."
         )
-    start = 1
-    if accountant == "pld":  # RDP's answer, a guess for PLD's.
-        start = search.largest_within(
-            lambda steps: eps(steps, "rdp"), target_epsilon,
-            cap=MAX_CALIBRATED_STEPS)
+    start = chosen.steps_guess(eps, target_epsilon, MAX_CALIBRATED_STEPS)
     too_large = {}
     steps = search.largest_within(
         search.inf_beyond_pld_limit(eps, too_large),
@@ -220,7 +213,7 @@ def calibrate_noise_multiplier(
         epochs: Number of epochs E > 0; exactly one of `epochs` and `steps`.
         steps: Number of steps T > 0; exactly one of `epochs` and `steps`.
         delta: Target delta in (0, 1).
-        accountant: "pld" (default) or "rdp".
+        accountant: "pld" (default) or "rdp" (a name in `ACCOUNTANTS`).
 
     Returns:
         sigma as a float.
@@ -241,7 +234,7 @@ def calibrate_noise_multiplier(
     validation.check_positive_real("target_epsilon", target_epsilon)
     validation.check_sizes("num_examples", num_examples, batch_size)
     validation.check_delta(delta)
-    validation.check_accountant(accountant)
+    chosen = accountants.get_accountant(accountant)
     total = accounting_epsilon.training_steps(
         num_examples=num_examples, batch_size=batch_size, epochs=epochs,
         steps=steps,
@@ -249,152 +242,11 @@ def calibrate_noise_multiplier(
     validation.warn_large_delta(delta, num_examples)
     q = batch_size / num_examples
 
-    def eps(noise_multiplier, accountant=accountant):
+    def eps(noise_multiplier, accountant=chosen):
         return accounting_epsilon.epsilon_at_rate(
             q, float(noise_multiplier), int(total), float(delta), accountant)
 
-    if accountant == "rdp":
-        return search.halving_noise_search(
-            eps, target_epsilon, lowest=_MIN_NOISE_MULTIPLIER,
-            highest=_MAX_NOISE_MULTIPLIER, rtol=_NOISE_MULTIPLIER_RTOL)
-    # PLD: RDP's answer is a guess for PLD's; PLD builds no step below
-    # `smallest`.
-    start, smallest = 1.0, _MIN_NOISE_MULTIPLIER
-    try:
-        start = _smallest_noise_within(
-            lambda sigma: eps(sigma, "rdp"), target_epsilon, start)[0]
-    except ValueError:
-        pass  # PLD's search says why, from 1.
-    smallest = max(smallest, pld.smallest_pld_noise_multiplier(q))
-    setting = (f"{total} steps at batch_size={batch_size!r},"
-               f" num_examples={num_examples!r}")
-    # Where PLD cannot account RDP's answer, it cannot account its own (as
-    # small or a little larger) without many probes, each building a
-    # distribution: say so at once.
-    start = max(start, smallest)
-    try:
-        eps(start)
-    except pld.PLDTooLargeError as error:
-        raise pld.PLDTooLargeError(
-            f"target_epsilon={target_epsilon!r} over {setting} needs a"
-            f" noise multiplier near {start:.4g} (RDP's), which the PLD"
-            f" accountant cannot account: {error}"
-        ) from error
-    too_large = {}
-    sigma, below = _smallest_noise_within(
-        search.inf_beyond_pld_limit(eps, too_large),
-        target_epsilon, start, smallest)
-    if below is None and smallest > _MIN_NOISE_MULTIPLIER:
-        raise pld.PLDTooLargeError(
-            f"target_epsilon={target_epsilon!r} is met by"
-            f" noise_multiplier={sigma!r}, the smallest that the PLD"
-            f" accountant accounts ({setting}); use accountant=\"rdp\" for"
-            " a smaller one."
-        )
-    if below is None:
-        raise ValueError(
-            f"target_epsilon={target_epsilon!r} is met by every"
-            f" noise_multiplier >= {sigma!r}; the search gives up there."
-        )
-    if below in too_large:
-        raise pld.PLDTooLargeError(
-            f"target_epsilon={target_epsilon!r} over {setting} needs a"
-            " noise multiplier that the PLD accountant cannot account:"
-            f" {too_large[below]}"
-        )
-    return sigma
-
-
-def _smallest_noise_within(eps, target_epsilon, start,
-                           smallest=_MIN_NOISE_MULTIPLIER):
-    """(sigma, low): sigma with eps(sigma) <= target < eps(low), low >=
-    sigma / (1 + rtol), searched in [smallest, 1e6] from `start`
-    (`calibrate_noise_multiplier`); (smallest, None) if `smallest` meets
-    the target.
-
-    Raises:
-        ValueError: if 1e6 does not meet the target.
-    """
-    # Invariant once bracketed: eps(low) > target >= eps(high). The steps
-    # from `start` grow (x1.1, x1.21, x1.46, x2.1, ...): the answer is
-    # usually near a guess, and a PLD probe costs more the smaller sigma.
-    sigma = min(max(start, smallest), _MAX_NOISE_MULTIPLIER)
-    factor = _FIRST_NOISE_FACTOR
-    e = eps(sigma)
-    if e > target_epsilon:
-        low, e_low = sigma, e
-        while True:
-            if low >= _MAX_NOISE_MULTIPLIER:
-                raise ValueError(
-                    f"target_epsilon={target_epsilon!r} needs"
-                    f" noise_multiplier > {_MAX_NOISE_MULTIPLIER!r}."
-                )
-            sigma, factor = min(low * factor, _MAX_NOISE_MULTIPLIER), factor**2
-            e = eps(sigma)
-            if e <= target_epsilon:
-                high, e_high = sigma, e
-                break
-            low, e_low = sigma, e
-    else:
-        high, e_high = sigma, e
-        while True:
-            if high <= smallest:
-                return high, None
-            sigma, factor = max(high / factor, smallest), factor**2
-            e = eps(sigma)
-            if e > target_epsilon:
-                low, e_low = sigma, e
-                break
-            high, e_high = sigma, e
-    return _narrow_noise(eps, target_epsilon, (low, e_low), (high, e_high))
-
-
-def _narrow_noise(eps, target_epsilon, low, high):
-    """The bracket (sigma, epsilon) pairs `low` (above the target) and
-    `high` (within it) narrowed to a ratio of 1 + rtol; returns the sigmas
-    (high, low).
-
-    Works on x = log sigma: interpolates log epsilon linearly in x (regula
-    falsi, Illinois modification), aims a third of the tolerance past the
-    crossing towards the farther end, so that the next probe can close the
-    bracket, and bisects whenever two probes did not halve it.
-    """
-    gap = math.log1p(_NOISE_MULTIPLIER_RTOL)
-    x_low, x_high = math.log(low[0]), math.log(high[0])
-    f_low = search.log_ratio(low[1], target_epsilon)
-    f_high = search.log_ratio(high[1], target_epsilon)
-    sigma_low, sigma_high = low[0], high[0]
-    moved = None
-    widths = [math.inf, math.inf]  # The bracket's before the last 2 probes.
-    while sigma_high > sigma_low * (1 + _NOISE_MULTIPLIER_RTOL):
-        width = x_high - x_low
-        x = (x_low + x_high) / 2
-        if width > 2 * gap and width <= widths[0] / 2:
-            crossing = _crossing(x_low, f_low, x_high, f_high)
-            if crossing is not None:
-                towards_high = crossing - x_low < x_high - crossing
-                x = crossing + (gap / 3 if towards_high else -gap / 3)
-                x = min(max(x, x_low + gap / 2), x_high - gap / 2)
-        widths = [widths[1], width]
-        sigma = math.exp(x)
-        e = eps(sigma)
-        f = search.log_ratio(e, target_epsilon)
-        if e > target_epsilon:
-            x_low, f_low, sigma_low = x, f, sigma
-            if moved == "low" and f_high is not None:
-                f_high /= 2  # Illinois: pull the crossing towards high.
-            moved = "low"
-        else:
-            x_high, f_high, sigma_high = x, f, sigma
-            if moved == "high" and f_low is not None:
-                f_low /= 2
-            moved = "high"
-    return sigma_high, sigma_low
-
-
-def _crossing(x_low, f_low, x_high, f_high):
-    """Where the line through (x_low, f_low > 0) and (x_high, f_high <= 0)
-    crosses 0; None without finite ends."""
-    if f_low is None or f_high is None or not f_high <= 0 < f_low:
-        return None
-    return x_low + (x_high - x_low) * f_low / (f_low - f_high)
+    return chosen.smallest_noise_within(
+        eps, target_epsilon, sampling_probability=q,
+        setting=(f"{total} steps at batch_size={batch_size!r},"
+                 f" num_examples={num_examples!r}"))

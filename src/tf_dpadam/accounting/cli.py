@@ -31,7 +31,8 @@ one Gaussian mechanism per example):
     python -m tf_dpadam.accounting.cli --num_examples=80 --batch_size=8 \
         --noise_multiplier=1 --epochs=3 --delta=1e-5 --sampling=shuffled
 
-This module imports neither TensorFlow nor (before it computes) dp-accounting.
+This module imports no TensorFlow: the accounting needs only dp-accounting.
+The --accountant choices are the names in `accountants.ACCOUNTANTS`.
 
 A bad value or combination ends with one line on stderr that names the flag,
 and exit code 2 (`tf_dpadam.common.command_line.run`, which the example binaries
@@ -46,6 +47,7 @@ from absl import app
 from absl import flags
 
 from tf_dpadam.common import validation
+from tf_dpadam.accounting import accountants
 # The command-line plumbing, also used by the example binaries through
 # this module (`privacy_cli.run`, `privacy_cli.register_check`).
 from tf_dpadam.common.command_line import USAGE_ERROR_EXIT_CODE
@@ -60,6 +62,7 @@ __all__ = [
     "noise_multiplier_report", "register_check", "report", "run",
     "sampling_report", "steps_report", "usage_error_line",
 ]
+
 
 def define_flags():
     """Defines the command line's flags on absl's global FLAGS.
@@ -99,7 +102,7 @@ def define_flags():
         " (within 1%) that meets it for --epochs or --steps.",
     )
     flags.DEFINE_enum(
-        "accountant", "pld", list(validation.ACCOUNTANTS),
+        "accountant", "pld", list(accountants.ACCOUNTANTS),
         "Accountant of the calibrations (the statement reports both); PLD,"
         " the default, is the tighter.")
     flags.DEFINE_enum(
@@ -276,20 +279,10 @@ def report(*, num_examples=None, batch_size=None, delta=None, **kwargs):
                        delta=delta, **kwargs)
 
 
-def _report(
-    *,
-    num_examples,
-    batch_size,
-    delta,
-    noise_multiplier=None,
-    epochs=None,
-    steps=None,
-    target_epsilon=None,
-    accountant="pld",
-    used_microbatching=False,
-    max_examples_per_user=None,
-    sampling="poisson",
-):
+def _report(*, num_examples, batch_size, delta, noise_multiplier=None,
+            epochs=None, steps=None, target_epsilon=None, accountant="pld",
+            used_microbatching=False, max_examples_per_user=None,
+            sampling="poisson"):
     """The text the command line prints, chosen by which values are given.
 
     `sampling` ("poisson" or "shuffled") is the sampling the numbers assume;

@@ -4,11 +4,14 @@ The event of one step is PoissonSampledDpEvent(q, GaussianDpEvent(sigma)) and
 T steps are it self-composed T times (`dp_sgd_event`). `RdpAccountant` and
 `PLDAccountant` turn it into an epsilon under add-or-remove-one adjacency;
 the orders and the PLD discretization are described in `tf_dpadam.accounting`.
+The accountants themselves are objects (`tf_dpadam.accounting.accountants`,
+which holds `epsilon_after_steps`, the epsilon by an accountant's name); this
+module is what they are built from, and knows none of them.
 
-`compute_dp_sgd_privacy`, `epsilon_after_steps`, `steps_for_epochs` and
-`training_steps` check their arguments; the lower-level functions
-(`rdp_curve`, `rdp_one_step`, `rdp_epsilon_and_order`, `epsilon_at_rate`)
-take them as already checked, for the calibration and the statement.
+`compute_dp_sgd_privacy`, `steps_for_epochs` and `training_steps` check
+their arguments; the lower-level functions (`rdp_curve`, `rdp_one_step`,
+`rdp_epsilon_and_order`, `epsilon_at_rate`) take them as already checked,
+for the accountants, the calibration and the statement.
 
 Cost: RDP costs the same at any T (the one-step curve times T); PLD's
 (`tf_dpadam.accounting.pld`) grows with T and as sigma shrinks, and it
@@ -24,11 +27,12 @@ import math
 import dp_accounting
 
 from tf_dpadam.common import validation
-# The PLD accountant (`pld`); its names were here first, and still are.
+# The PLD accountant's computations (`pld`); their names were here first,
+# and still are (`accountants.PLD` calls `pld_epsilon` here).
 from tf_dpadam.accounting.pld import MAX_PLD_POINTS  # noqa: F401
 from tf_dpadam.accounting.pld import PLD_VALUE_DISCRETIZATION_INTERVAL
 from tf_dpadam.accounting.pld import PLDTooLargeError  # noqa: F401
-from tf_dpadam.accounting.pld import pld_epsilon
+from tf_dpadam.accounting.pld import pld_epsilon  # noqa: F401
 from tf_dpadam.accounting.pld import pld_one_step  # noqa: F401
 
 # The orders TF-Privacy's `compute_dp_sgd_privacy` uses.
@@ -44,8 +48,6 @@ RDP_ORDERS = (
     + tuple(float(a) for a in range(11, 64))
     + (64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0)
 )
-
-ACCOUNTANTS = validation.ACCOUNTANTS
 
 _ADD_OR_REMOVE_ONE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -203,14 +205,15 @@ def rdp_epsilon_and_order(rdp, delta, orders=RDP_ORDERS):
 def epsilon_at_rate(q, sigma, steps, delta, accountant):
     """Cached epsilon of T steps at sampling rate q; arguments not checked.
 
+    `accountant` is an `accountants.Accountant` (the cache's key, so a name
+    registered again never reads the numbers of the accountant it had).
+
     Raises:
-        PLDTooLargeError: for "pld" beyond `MAX_PLD_POINTS` (`pld_epsilon`).
+        PLDTooLargeError: for PLD beyond `MAX_PLD_POINTS` (`pld_epsilon`).
     """
     if steps == 0:
         return 0.0
-    if accountant == "rdp":
-        return rdp_epsilon_and_order(steps * rdp_one_step(q, sigma), delta)[0]
-    return pld_epsilon(q, sigma, steps, delta)
+    return accountant.poisson_epsilon(q, sigma, steps, delta)
 
 
 SAMPLINGS = ("poisson", "shuffled")
@@ -294,64 +297,3 @@ def compute_dp_sgd_privacy(
         rdp = rdp_curve(batch_size / n, noise_multiplier, steps,
                         TF_PRIVACY_RDP_ORDERS)
     return rdp_epsilon_and_order(rdp, delta, TF_PRIVACY_RDP_ORDERS)
-
-
-def epsilon_after_steps(
-    *,
-    steps: int,
-    num_examples: int,
-    batch_size: int,
-    noise_multiplier: float,
-    delta: float,
-    accountant: str = "rdp",
-) -> float:
-    """Epsilon after T Poisson-sampled Gaussian steps.
-
-    Composes SelfComposedDpEvent(PoissonSampledDpEvent(q,
-    GaussianDpEvent(sigma)), T), q = batch_size / num_examples, under
-    add-or-remove-one adjacency and returns the epsilon at `delta`:
-
-    * "rdp": `RdpAccountant` over `RDP_ORDERS` (1.05 to 10.95 in steps of
-      0.05, 11 to 63, and 64 to 1024), minimizing over orders
-      rdp(a) + log1p(-1/a) - log(delta * a) / (a - 1).
-    * "pld": the PLD of `PLDAccountant` with value discretization interval
-      `PLD_VALUE_DISCRETIZATION_INTERVAL` (1e-3, pessimistic), the one-step
-      distribution cached (`pld_epsilon`).
-
-    Results are cached per argument tuple. RDP costs the same at any T; PLD
-    refuses a distribution of more than `MAX_PLD_POINTS` points (at most
-    about a second), e.g. 10**8 steps at q = 256/60000 and sigma = 6, or
-    sigma < 0.192 for q < 1 (`pld.check_pld_noise_multiplier`).
-
-    Args:
-        steps: Number of steps T >= 0; T = 0 gives 0.0.
-        num_examples: N > 0.
-        batch_size: Expected batch size B, 0 < B <= N.
-        noise_multiplier: sigma > 0.
-        delta: Target delta in (0, 1).
-        accountant: "rdp" or "pld".
-
-    Returns:
-        epsilon as a float (`inf` if the accountant cannot bound it).
-
-    Warns:
-        LargeDeltaWarning (a UserWarning): if delta >= 1 / num_examples.
-
-    Raises:
-        ValueError: if an argument is out of range.
-        PLDTooLargeError (a ValueError): for "pld", if its distribution
-            would have more than `MAX_PLD_POINTS` points.
-    """
-    validation.check_steps(steps)
-    validation.check_sizes("num_examples", num_examples, batch_size)
-    validation.check_positive_real("noise_multiplier", noise_multiplier)
-    validation.check_delta(delta)
-    validation.check_accountant(accountant)
-    validation.warn_large_delta(delta, num_examples)
-    return epsilon_at_rate(
-        batch_size / num_examples,
-        float(noise_multiplier),
-        int(steps),
-        float(delta),
-        accountant,
-    )

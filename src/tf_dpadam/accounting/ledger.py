@@ -27,8 +27,9 @@ Composition (`Ledger.dp_event`) is dp-accounting's
 together are one Gaussian mechanism, sigma_eff = (sum_i S_i /
 sigma_i^2)^(-1/2) (Gaussians compose exactly so). `Ledger.epsilon` is that
 event's epsilon under the accountants of `tf_dpadam.accounting` (PLD, value
-discretization 1e-3, pessimistic; or RDP over `RDP_ORDERS`), cached per
-composition, equal (q, sigma) segments merged first. No TensorFlow here.
+discretization 1e-3, pessimistic; or RDP over `RDP_ORDERS`; each
+`Accountant.ledger_epsilon`), cached per composition, equal (q, sigma)
+segments merged first. No TensorFlow here.
 """
 
 import dataclasses
@@ -40,12 +41,10 @@ import uuid
 import dp_accounting
 
 from tf_dpadam.common import validation
+from tf_dpadam.accounting import accountants
 from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.accounting import passes
-from tf_dpadam.accounting import pld
 from tf_dpadam.accounting import search
-
-pld_lib = dp_accounting.pld.privacy_loss_distribution
 
 # The sampling kinds of a `Mechanism`.
 SAMPLINGS = ("poisson", "passes", "every_step")
@@ -220,49 +219,12 @@ def dp_event_of(key):
     return dp_accounting.ComposedDpEvent(events)
 
 
-def _rdp_epsilon(key, delta):
-    """The RDP accountant's epsilon of a `_composition_key` (any size)."""
-    poisson, gaussian, _ = key
-    rdp = sum(steps * accounting_epsilon.rdp_one_step(q, sigma)
-              for q, sigma, steps in poisson)
-    if gaussian:
-        rdp = rdp + accounting_epsilon.rdp_curve(
-            1.0, _gaussian_multiplier(gaussian), 1)
-    return accounting_epsilon.rdp_epsilon_and_order(rdp, delta)[0]
-
-
-def _pld_epsilon(key, delta):
-    """The PLD accountant's epsilon of a `_composition_key`; raises
-    `pld.PLDTooLargeError` past the PLD's size limit. One mechanism alone
-    gives exactly the numbers of `accounting_epsilon.epsilon_at_rate` and
-    `passes.gaussian_epsilon`."""
-    poisson, gaussian, _ = key
-    if not gaussian and len(poisson) == 1:
-        (q, sigma, steps), = poisson
-        return accounting_epsilon.epsilon_at_rate(q, sigma, steps, delta,
-                                                  "pld")
-    if not poisson:
-        return passes.gaussian_epsilon(_gaussian_multiplier(gaussian), delta,
-                                       "pld")
-    interval = pld.PLD_VALUE_DISCRETIZATION_INTERVAL
-    composed = pld_lib.identity(value_discretization_interval=interval)
-    for q, sigma, steps in poisson:
-        composed = composed.compose(pld.pld_self_composed(q, sigma, steps))
-    if gaussian:
-        sigma = _gaussian_multiplier(gaussian)
-        pld.check_pld_noise_multiplier(sigma)
-        composed = composed.compose(pld_lib.from_gaussian_mechanism(
-            standard_deviation=sigma, value_discretization_interval=interval,
-            neighboring_relation=(
-                dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)))
-    return float(composed.get_epsilon_for_delta(delta))
-
-
 @functools.lru_cache(maxsize=4096)
 def epsilon_of(key, delta, accountant):
-    """Epsilon at `delta` of a `_composition_key` (cached).
+    """Epsilon at `delta` of a `_composition_key` by an
+    `accountants.Accountant` (cached; its `ledger_epsilon`).
 
-    With "pld", a composition whose privacy loss distribution would exceed
+    With PLD, a composition whose privacy loss distribution would exceed
     `pld.MAX_PLD_POINTS` (very many steps, or a tiny effective sigma) gets
     the RDP accountant's epsilon instead, also an upper bound and larger
     than the PLD's: a ledger always has an epsilon, and it never decreases
@@ -273,12 +235,8 @@ def epsilon_of(key, delta, accountant):
         return math.inf
     if not poisson and not gaussian:
         return 0.0
-    if accountant == "pld":
-        try:
-            return _pld_epsilon(key, delta)
-        except pld.PLDTooLargeError:
-            pass
-    return _rdp_epsilon(key, delta)
+    return accountant.ledger_epsilon(
+        poisson, _gaussian_multiplier(gaussian) if gaussian else None, delta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,12 +274,12 @@ class Ledger:
         """Epsilon at `delta` of everything the ledger holds.
 
         Raises:
-            ValueError: if `delta` or `accountant` is out of range.
+            ValueError: if `delta` is out of range or `accountant` is not
+                a name in `ACCOUNTANTS`.
         """
         validation.check_delta(delta)
-        validation.check_accountant(accountant)
         return epsilon_of(_composition_key(self.segments), float(delta),
-                          accountant)
+                          accountants.get_accountant(accountant))
 
     def max_more_steps(self, mechanism, target_epsilon, delta,
                        accountant="pld", cap=MAX_MORE_STEPS):
@@ -330,25 +288,25 @@ class Ledger:
         epsilon(ledger + s steps) <= target_epsilon < epsilon(ledger + s + 1)
         (both sides evaluated; `cap` if that many still fit).
 
-        RDP's answer (cheap at any size, and never above the PLD's, since
-        RDP's epsilon is the larger) starts the PLD's search
-        (`search.largest_within`), so the PLD is probed only near it.
+        The accountant's `steps_guess` starts the search
+        (`search.largest_within`): for PLD, RDP's answer (cheap at any size,
+        and never above the PLD's, since RDP's epsilon is the larger), so
+        the PLD is probed only near it.
         """
         validation.check_positive_real("target_epsilon", target_epsilon)
         validation.check_delta(delta)
-        validation.check_accountant(accountant)
+        chosen = accountants.get_accountant(accountant)
         if self.epsilon(delta, accountant) > target_epsilon:
             return 0
 
-        def epsilon(name):
-            return lambda steps: self.with_steps(mechanism, steps).epsilon(
-                delta, name)
+        def epsilon(steps, accountant=chosen):
+            planned = self.with_steps(mechanism, steps)
+            return epsilon_of(_composition_key(planned.segments),
+                              float(delta), accountant)
 
-        more = search.largest_within(epsilon("rdp"), target_epsilon, cap=cap)
-        if accountant == "rdp":
-            return more
-        return search.largest_within(epsilon("pld"), target_epsilon, cap=cap,
-                                     start=max(more, 1))
+        start = chosen.steps_guess(epsilon, target_epsilon, cap)
+        return search.largest_within(epsilon, target_epsilon, cap=cap,
+                                     start=start)
 
     def merged(self, other):
         """The union of two copies of a model's history: segments with the

@@ -33,14 +33,10 @@ raises `pld.PLDTooLargeError` rather than take seconds and GBs.
 import functools
 import math
 
-import dp_accounting
-
 from tf_dpadam.common import validation
-from tf_dpadam.accounting import epsilon as accounting_epsilon
+from tf_dpadam.accounting import accountants
 from tf_dpadam.accounting import pld
 from tf_dpadam.accounting import search
-
-_ADD_OR_REMOVE_ONE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
 def passes_begun(steps, batches_per_pass, accumulation_steps=1):
@@ -80,26 +76,14 @@ def participation_bound(steps, batches_per_pass=None, accumulation_steps=1):
 @functools.lru_cache(maxsize=4096)
 def gaussian_epsilon(noise_multiplier, delta, accountant):
     """Epsilon at `delta` of one Gaussian mechanism of multiplier sigma > 0,
-    sensitivity 1, add-or-remove-one; arguments not checked, cached.
+    sensitivity 1, add-or-remove-one, by an `accountants.Accountant`;
+    arguments not checked, cached.
 
     Raises:
-        PLDTooLargeError: for "pld" and a sigma whose distribution would
+        PLDTooLargeError: for PLD and a sigma whose distribution would
             have more than `pld.MAX_PLD_POINTS` points.
     """
-    event = dp_accounting.GaussianDpEvent(noise_multiplier)
-    if accountant == "rdp":
-        rdp = dp_accounting.rdp.RdpAccountant(
-            list(accounting_epsilon.RDP_ORDERS), _ADD_OR_REMOVE_ONE)
-        rdp.compose(event)
-        return accounting_epsilon.rdp_epsilon_and_order(rdp.rdp, delta)[0]
-    pld.check_pld_noise_multiplier(noise_multiplier)
-    accountant_pld = dp_accounting.pld.PLDAccountant(
-        _ADD_OR_REMOVE_ONE,
-        value_discretization_interval=(
-            accounting_epsilon.PLD_VALUE_DISCRETIZATION_INTERVAL),
-    )
-    accountant_pld.compose(event)
-    return float(accountant_pld.get_epsilon(delta))
+    return accountant.gaussian_epsilon(noise_multiplier, delta)
 
 
 def epsilon_without_amplification(
@@ -127,7 +111,7 @@ def epsilon_without_amplification(
         delta: in (0, 1).
         batches_per_pass: physical batches per pass, or None if unknown.
         accumulation_steps: k >= 1 physical batches per logical step.
-        accountant: "rdp" or "pld".
+        accountant: "rdp" or "pld" (a name in `ACCOUNTANTS`).
 
     Returns:
         epsilon as a float.
@@ -138,13 +122,13 @@ def epsilon_without_amplification(
             below about 0.067 (`pld.check_pld_noise_multiplier`).
     """
     validation.check_steps(steps)
-    _check_setting(noise_multiplier, delta, batches_per_pass,
-                   accumulation_steps, accountant)
+    chosen = _check_setting(noise_multiplier, delta, batches_per_pass,
+                            accumulation_steps, accountant)
     bound = participation_bound(int(steps), batches_per_pass,
                                 int(accumulation_steps))
     try:
         return _participations_epsilon(bound, noise_multiplier, delta,
-                                       accountant)
+                                       chosen)
     except pld.PLDTooLargeError as error:
         raise pld.PLDTooLargeError(
             f"Expected steps={steps!r} fewer for the PLD accountant: they are"
@@ -159,19 +143,21 @@ def epsilon_without_amplification(
 
 def _check_setting(noise_multiplier, delta, batches_per_pass,
                    accumulation_steps, accountant):
-    """Checks the arguments of `epsilon_without_amplification` but T."""
+    """Checks the arguments of `epsilon_without_amplification` but T;
+    returns the accountant."""
     validation.check_non_negative("noise_multiplier", noise_multiplier)
     validation.check_delta(delta)
-    validation.check_accountant(accountant)
+    chosen = accountants.get_accountant(accountant)
     if batches_per_pass is not None:
         validation.check_positive_int("batches_per_pass", batches_per_pass)
     validation.check_positive_int("accumulation_steps", accumulation_steps)
+    return chosen
 
 
 def _participations_epsilon(participations, noise_multiplier, delta,
                             accountant):
     """Epsilon of S participations (S a bound on the sum of squares),
-    arguments checked."""
+    arguments checked (`accountant` an `accountants.Accountant`)."""
     if participations == 0:
         return 0.0
     if noise_multiplier == 0:
@@ -202,23 +188,20 @@ def max_steps_without_amplification(*, target_epsilon, noise_multiplier,
             `pld.MAX_PLD_POINTS` points.
     """
     validation.check_positive_real("target_epsilon", target_epsilon)
-    _check_setting(noise_multiplier, delta, batches_per_pass,
-                   accumulation_steps, accountant)
+    chosen = _check_setting(noise_multiplier, delta, batches_per_pass,
+                            accumulation_steps, accountant)
     validation.check_positive_int("limit", limit)
 
     def participations(steps):
         return participation_bound(steps, batches_per_pass,
                                    int(accumulation_steps))
 
-    def eps(bound, accountant=accountant):
+    def eps(bound, accountant=chosen):
         return _participations_epsilon(bound, noise_multiplier, delta,
                                        accountant)
 
     most = participations(limit)
-    start = 1
-    if accountant == "pld":  # RDP's answer, a guess for PLD's.
-        start = search.largest_within(
-            lambda bound: eps(bound, "rdp"), target_epsilon, cap=most)
+    start = chosen.steps_guess(eps, target_epsilon, most)
     too_large = {}
     bound = search.largest_within(
         search.inf_beyond_pld_limit(eps, too_large),

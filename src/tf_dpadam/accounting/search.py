@@ -7,6 +7,13 @@ answer: microseconds a probe), steps away from it by growing factors, and
 narrows its bracket by interpolation: 3 to 8 evaluations from a guess within
 a factor 4, and never more than about 2 log2 of the bracket.
 `inf_beyond_pld_limit` lets it run into PLD's size limit without stopping.
+
+The noise multiplier's searches (`calibrate_noise_multiplier`, which each
+accountant runs its own way, `tf_dpadam.accounting.accountants`):
+`halving_noise_search` bisects from sigma = 1 (RDP), and
+`smallest_noise_within` steps away from a guess and interpolates (PLD, from
+RDP's answer), both within [`MIN_NOISE_MULTIPLIER`, `MAX_NOISE_MULTIPLIER`]
+to a relative `NOISE_MULTIPLIER_RTOL`.
 """
 
 import math
@@ -15,6 +22,13 @@ from tf_dpadam.accounting import pld
 
 # The first step from the start, a factor (squared at each further step).
 _FIRST_FACTOR = 1.25
+# `calibrate_noise_multiplier` searches sigma in this range.
+MIN_NOISE_MULTIPLIER = 1e-3
+MAX_NOISE_MULTIPLIER = 1e6
+# `calibrate_noise_multiplier` returns sigma within this relative tolerance;
+# `smallest_noise_within`'s first step from a guess is this factor.
+NOISE_MULTIPLIER_RTOL = 0.01
+_FIRST_NOISE_FACTOR = 1.1
 
 
 def largest_within(epsilon_of, target, *, cap, start=1):
@@ -135,7 +149,8 @@ def _interpolate(low, f_low, high, f_high):
 
 
 def halving_noise_search(epsilon_of, target, *, lowest, highest, rtol):
-    """The smallest-noise search of `calibrate_noise_multiplier` for RDP.
+    """The smallest-noise search of `calibrate_noise_multiplier` for a cheap
+    accountant (RDP's, `accountants.Accountant.smallest_noise_within`).
 
     From sigma = 1 it doubles (or halves) sigma to a bracket
     epsilon_of(low) > target >= epsilon_of(high), then bisects it
@@ -170,3 +185,98 @@ def halving_noise_search(epsilon_of, target, *, lowest, highest, rtol):
         else:
             low = middle
     return high
+
+
+def smallest_noise_within(eps, target_epsilon, start,
+                          smallest=MIN_NOISE_MULTIPLIER):
+    """(sigma, low): sigma with eps(sigma) <= target < eps(low), low >=
+    sigma / (1 + rtol), searched in [smallest, 1e6] from `start`
+    (`calibrate_noise_multiplier`); (smallest, None) if `smallest` meets
+    the target.
+
+    Raises:
+        ValueError: if 1e6 does not meet the target.
+    """
+    # Invariant once bracketed: eps(low) > target >= eps(high). The steps
+    # from `start` grow (x1.1, x1.21, x1.46, x2.1, ...): the answer is
+    # usually near a guess, and a PLD probe costs more the smaller sigma.
+    sigma = min(max(start, smallest), MAX_NOISE_MULTIPLIER)
+    factor = _FIRST_NOISE_FACTOR
+    e = eps(sigma)
+    if e > target_epsilon:
+        low, e_low = sigma, e
+        while True:
+            if low >= MAX_NOISE_MULTIPLIER:
+                raise ValueError(
+                    f"target_epsilon={target_epsilon!r} needs"
+                    f" noise_multiplier > {MAX_NOISE_MULTIPLIER!r}."
+                )
+            sigma, factor = min(low * factor, MAX_NOISE_MULTIPLIER), factor**2
+            e = eps(sigma)
+            if e <= target_epsilon:
+                high, e_high = sigma, e
+                break
+            low, e_low = sigma, e
+    else:
+        high, e_high = sigma, e
+        while True:
+            if high <= smallest:
+                return high, None
+            sigma, factor = max(high / factor, smallest), factor**2
+            e = eps(sigma)
+            if e > target_epsilon:
+                low, e_low = sigma, e
+                break
+            high, e_high = sigma, e
+    return _narrow_noise(eps, target_epsilon, (low, e_low), (high, e_high))
+
+
+def _narrow_noise(eps, target_epsilon, low, high):
+    """The bracket (sigma, epsilon) pairs `low` (above the target) and
+    `high` (within it) narrowed to a ratio of 1 + rtol; returns the sigmas
+    (high, low).
+
+    Works on x = log sigma: interpolates log epsilon linearly in x (regula
+    falsi, Illinois modification), aims a third of the tolerance past the
+    crossing towards the farther end, so that the next probe can close the
+    bracket, and bisects whenever two probes did not halve it.
+    """
+    gap = math.log1p(NOISE_MULTIPLIER_RTOL)
+    x_low, x_high = math.log(low[0]), math.log(high[0])
+    f_low = log_ratio(low[1], target_epsilon)
+    f_high = log_ratio(high[1], target_epsilon)
+    sigma_low, sigma_high = low[0], high[0]
+    moved = None
+    widths = [math.inf, math.inf]  # The bracket's before the last 2 probes.
+    while sigma_high > sigma_low * (1 + NOISE_MULTIPLIER_RTOL):
+        width = x_high - x_low
+        x = (x_low + x_high) / 2
+        if width > 2 * gap and width <= widths[0] / 2:
+            crossing = _crossing(x_low, f_low, x_high, f_high)
+            if crossing is not None:
+                towards_high = crossing - x_low < x_high - crossing
+                x = crossing + (gap / 3 if towards_high else -gap / 3)
+                x = min(max(x, x_low + gap / 2), x_high - gap / 2)
+        widths = [widths[1], width]
+        sigma = math.exp(x)
+        e = eps(sigma)
+        f = log_ratio(e, target_epsilon)
+        if e > target_epsilon:
+            x_low, f_low, sigma_low = x, f, sigma
+            if moved == "low" and f_high is not None:
+                f_high /= 2  # Illinois: pull the crossing towards high.
+            moved = "low"
+        else:
+            x_high, f_high, sigma_high = x, f, sigma
+            if moved == "high" and f_low is not None:
+                f_low /= 2
+            moved = "high"
+    return sigma_high, sigma_low
+
+
+def _crossing(x_low, f_low, x_high, f_high):
+    """Where the line through (x_low, f_low > 0) and (x_high, f_high <= 0)
+    crosses 0; None without finite ends."""
+    if f_low is None or f_high is None or not f_high <= 0 < f_low:
+        return None
+    return x_low + (x_high - x_low) * f_low / (f_low - f_high)

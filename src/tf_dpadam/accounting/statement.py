@@ -8,6 +8,7 @@ epsilon from RDP group privacy.
 import math
 
 from tf_dpadam.common import validation
+from tf_dpadam.accounting import accountants
 from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.accounting import pld
 
@@ -159,7 +160,7 @@ def _pld_line(q, sigma, steps, delta):
     interval = accounting_epsilon.PLD_VALUE_DISCRETIZATION_INTERVAL
     try:
         epsilon = accounting_epsilon.epsilon_at_rate(q, sigma, steps, delta,
-                                                     "pld")
+                                                     accountants.PLD)
     except pld.PLDTooLargeError:
         return (
             "  epsilon not computed by the PLD accountant: its privacy loss"

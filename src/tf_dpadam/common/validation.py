@@ -16,9 +16,10 @@ Three families:
   expectation, e.g. "to be a finite number > 0".
 * Counts of the data pipeline (`check_count`): "to be an int > 0".
 * Accounting quantities (`check_positive_int`, `check_positive_real`,
-  `check_sizes`, `check_delta`, `check_steps`, `check_epochs`,
-  `check_accountant`): first the type ("to be an integer", "to be a real
-  number"), then the range ("> 0", "in (0, 1)", ...).
+  `check_sizes`, `check_delta`, `check_steps`, `check_epochs`): first the
+  type ("to be an integer", "to be a real number"), then the range ("> 0",
+  "in (0, 1)", ...). An accountant's name is checked where the accountants
+  are registered (`tf_dpadam.accounting.accountants.get_accountant`).
 
 This module imports neither TensorFlow nor NumPy: NumPy's scalar types are
 registered with `numbers`, so `is_int(np.int64(3))` holds.
@@ -28,9 +29,6 @@ import math
 import numbers
 import re
 import warnings
-
-# The accountants of `tf_dpadam.accounting`.
-ACCOUNTANTS = ("rdp", "pld")
 
 
 def check(condition, name, value, expectation):
@@ -146,12 +144,6 @@ def check_epochs(epochs, name="epochs"):
     """A finite real number >= 0 (fractional epochs are allowed)."""
     check(is_real(epochs), name, epochs, "to be a real number")
     check(math.isfinite(epochs) and epochs >= 0, name, epochs, ">= 0")
-
-
-def check_accountant(accountant):
-    """One of `ACCOUNTANTS`."""
-    check(accountant in ACCOUNTANTS, "accountant", accountant,
-          f"in {ACCOUNTANTS}")
 
 
 class LargeDeltaWarning(UserWarning):

@@ -3,8 +3,8 @@
 `DPOptimizerMixin` goes before a Keras optimizer class: its constructor is
 the one constructor of the three optimizers (the DP arguments, checked,
 become a `dp_math.DPConfig`), it applies only gradients that the private
-train step privatized (`apply_private`), keeps the step's denominator B for
-Phi, creates the accumulators of gradient accumulation, and adds the DP
+train step privatized (`apply_private`, with the Phi the privatizer
+returned), creates the accumulators of gradient accumulation, and adds the DP
 arguments to `get_config`. The Keras hooks it needs to override are in
 `compat.OptimizerOverrides`.
 """
@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam.optimizers import accumulation
+from tf_dpadam.optimizers import arguments as arguments_lib
 from tf_dpadam.privatizer import adaptive_clipping
 from tf_dpadam.privatizer import clip_groups
 from tf_dpadam.common import compat
@@ -29,11 +30,15 @@ _UNSUPPORTED_KWARGS = {
 class DPOptimizerMixin(compat.OptimizerOverrides):
     """The DP part of every tf_dpadam optimizer (composed with a Keras one).
 
-    Its `__init__` is the one constructor of `DPSGD`, `DPAdam` and
-    `DPAdamCorrected`: it checks the DP arguments, then the update rule's
-    (`keras_arguments`, which a subclass overrides), then runs the Keras
-    optimizer's constructor. `from_config` goes through it, so a saved
-    config is checked the same way.
+    Its `__init__` is the one constructor of every DP optimizer: it takes
+    the DP arguments (`tf_dpadam.optimizers.arguments`) out of the keyword
+    arguments and checks them, then the update rule's (`keras_arguments`,
+    which a subclass overrides), then runs the Keras optimizer's
+    constructor. A subclass's `__init__` declares only its update rule's
+    arguments and `**kwargs`; the signature that `inspect.signature` and
+    the docs show has the DP arguments too (`__init_subclass__`).
+    `from_config` goes through it, so a saved config is checked the same
+    way.
 
     Attributes:
         dp_config: the `dp_math.DPConfig` (C, sigma, B) that the private train
@@ -44,11 +49,27 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     # `_UNSUPPORTED_KWARGS` (name -> why).
     _refused_kwargs = {}
 
-    def __init__(self, *, l2_norm_clip, noise_multiplier, batch_size,
-                 target_unclipped_quantile=None,
-                 clip_learning_rate=adaptive_clipping.DEFAULT_CLIP_LEARNING_RATE,
-                 clipped_count_stddev=None, per_layer_clipping=False,
-                 **kwargs):
+    def __init_subclass__(cls, **kwargs):
+        """Gives a DP optimizer class the full signature: the DP arguments
+        (`arguments.ARGUMENTS`), then its update rule's own (those of its
+        `__init__`, else of the Keras optimizer's)."""
+        super().__init_subclass__(**kwargs)
+        init = next(vars(c)["__init__"] for c in cls.__mro__
+                    if "__init__" in vars(c) and c is not DPOptimizerMixin)
+        full = arguments_lib.signature(init)
+        if "__init__" in vars(cls):
+            cls.__init__.__signature__ = full
+        # `inspect.signature(cls)` (Sphinx, IDEs), also without an __init__.
+        cls.__signature__ = full.replace(
+            parameters=list(full.parameters.values())[1:])
+
+    def __init__(self, **kwargs):
+        dp = arguments_lib.pop_arguments(kwargs, type(self).__name__)
+        l2_norm_clip = dp["l2_norm_clip"]
+        per_layer_clipping = dp["per_layer_clipping"]
+        target_unclipped_quantile = dp["target_unclipped_quantile"]
+        clip_learning_rate = dp["clip_learning_rate"]
+        clipped_count_stddev = dp["clipped_count_stddev"]
         refused = {**_UNSUPPORTED_KWARGS, **self._refused_kwargs}
         for name, why in refused.items():
             if kwargs.get(name) is not None:
@@ -57,7 +78,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                 )
         # The private train step accumulates clipped gradients itself
         # (Keras' own accumulation would add noise to every micro-batch).
-        steps = kwargs.pop("gradient_accumulation_steps", None)
+        steps = dp["gradient_accumulation_steps"]
         clip_groups.check_spec(l2_norm_clip, per_layer_clipping)
         adaptive = None
         if target_unclipped_quantile is not None:
@@ -76,8 +97,8 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         dp_config = dp_math.DPConfig(
             l2_norm_clip=(clip_groups.total_clip_norm(l2_norm_clip.values())
                           if mapping else l2_norm_clip),
-            noise_multiplier=noise_multiplier,
-            batch_size=batch_size,
+            noise_multiplier=dp["noise_multiplier"],
+            batch_size=dp["batch_size"],
             accumulation_steps=1 if steps is None else steps,
         )
         super().__init__(**self.keras_arguments(**kwargs))
@@ -164,15 +185,16 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         if self.built:
             return
         super().build(var_list)
-        # B of the current step, written by the private train step before it
-        # applies the gradient, so that Phi is computed from the very
-        # denominator the privatizer divided by.
-        self._step_denominator = self.add_variable(
+        # Phi of the current step, as the privatizer returned it with the
+        # private gradient (from the very sigma, C and B of its noise),
+        # written before the update. (Saved with the optimizer in the slot
+        # that older versions used for B; every step writes it first.)
+        self._step_phi = self.add_variable(
             shape=(),
-            initializer="ones",
+            initializer="zeros",
             dtype="float32",
             aggregation="only_first_replica",
-            name="dp_step_denominator",
+            name="dp_step_phi",
         )
         self.clip_group_names, self._initial_clips, self._group_of = (
             clip_groups.assign([v.path for v in var_list], self.clip_spec,
@@ -198,7 +220,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                             if self.adaptive_clipping is not None else 0),
             )
 
-    def apply_private(self, grads, trainable_variables, denominator,
+    def apply_private(self, grads, trainable_variables, phi,
                       unclipped_fraction=None):
         """Applies privatized gradients; called by the private train step only.
 
@@ -207,7 +229,9 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                 float32 whatever the variables' dtype; each is cast to its
                 variable's dtype here, after the noise (post-processing).
             trainable_variables: the variables they belong to.
-            denominator: the B that the gradients were divided by.
+            phi: Phi = (sigma C / B)^2, the variance that the noise adds to
+                each coordinate of `grads`, as the privatizer returned it
+                (`privatizer.noise.privatize`).
             unclipped_fraction: with adaptive clipping, the privatized
                 fraction b_tilde of unclipped examples per group (`[G]`);
                 C moves after the update.
@@ -216,7 +240,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
             self.build(trainable_variables)
         grads = [ops.cast(g, v.dtype)
                  for g, v in zip(grads, trainable_variables)]
-        self._step_denominator.assign(ops.cast(denominator, "float32"))
+        self._step_phi.assign(ops.cast(phi, "float32"))
         self.before_private_apply()
         self._private_apply_depth += 1
         try:
@@ -301,10 +325,16 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         return super().apply(grads, trainable_variables)
 
     def noise_phi(self):
-        """Phi = (sigma C / B)^2 for the current step's B and C (a tensor):
-        sigma is z_grad and C the total clip norm, as the noise used."""
-        return ops.square(ops.cast(self.gradient_noise_stddev(), "float32")
-                          / self._step_denominator)
+        """Phi = (sigma C / B)^2 of the current (or last) step, as the
+        privatizer returned it with the private gradient (a tensor; 0
+        before the first step)."""
+        return ops.convert_to_tensor(self._step_phi.value)
+
+
+# The mixin's own constructor: the DP arguments, and the rest for Keras
+# (what `inspect.signature` shows of a subclass without an `__init__`).
+DPOptimizerMixin.__init__.__signature__ = arguments_lib.signature(
+    DPOptimizerMixin.__init__)
 
 
 def constructor_arguments(arguments: dict) -> dict:

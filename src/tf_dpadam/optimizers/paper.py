@@ -14,19 +14,18 @@ TF-Privacy's `DPKerasAdamOptimizer`), and `DPAdamCorrected` is Adam with the
 bias-corrected denominator of Tang & Lecuyer.
 """
 
-from typing import Mapping, Optional, Union
+from typing import Optional, Union
 
 import keras
 from keras import ops
 
 from tf_dpadam.privatizer import dp_math
 from tf_dpadam.common import validation
+from tf_dpadam.optimizers.arguments import DP_ARGS_DOC
 from tf_dpadam.optimizers.base import constructor_arguments
 from tf_dpadam.optimizers.base import DPOptimizerMixin
-from tf_dpadam.optimizers.base import is_dp_optimizer
 
-__all__ = ["DPAdam", "DPAdamCorrected", "DPOptimizerMixin", "DPSGD",
-           "is_dp_optimizer"]
+__all__ = ["DPAdam", "DPAdamCorrected", "DPSGD"]
 
 # A learning rate: a number or a `keras.optimizers.schedules` schedule.
 LearningRate = Union[float, keras.optimizers.schedules.LearningRateSchedule]
@@ -50,45 +49,6 @@ _PHI_CHANGING_KWARGS = {
 }
 
 
-DP_ARGS_DOC = """
-    Args:
-        l2_norm_clip: C, each example's gradient is clipped to this global L2
-            norm (over all trainable variables). Must be finite and > 0.
-        noise_multiplier: sigma; Gaussian noise of std sigma * C is added once
-            to the sum of clipped gradients. Must be >= 0.
-        batch_size: B, the public denominator. `None` divides by the number of
-            examples in the step; an int divides by that constant (use the
-            expected batch size under Poisson sampling, or the logical batch
-            size).
-        gradient_accumulation_steps: k. With k > 1 one DP step spans k
-            physical batches: their clipped gradients are summed, noise is
-            added once, and the optimizer (its moments and `iterations`)
-            advances once per k batches. B is then the logical batch size.
-            Under `tf.distribute` every replica accumulates its own k
-            physical batches; the logical batch is k global batches, its
-            sums are all-reduced once and noised once.
-        target_unclipped_quantile: None (C fixed), or gamma in (0, 1) for
-            adaptive clipping (Andrew et al. 2021,
-            `tf_dpadam.privatizer.adaptive_clipping`): after each step C moves
-            geometrically toward the gamma-quantile of the per-example
-            gradient norms, C <- C exp(-eta (b_tilde - gamma)), b_tilde
-            being the privatized fraction of unclipped examples. The
-            gradient's noise multiplier is raised so that the gradient and
-            the count together have `noise_multiplier`, which accounting
-            uses unchanged. `l2_norm_clip` is then the initial C, and the
-            `l2_norm_clip` attribute reports the current one.
-        clip_learning_rate: eta > 0, the geometric step of adaptive
-            clipping (the paper's 0.2).
-        clipped_count_stddev: sigma_b, the std of the count's noise; None
-            for the paper's B / 20.
-        per_layer_clipping: with a number `l2_norm_clip` C, clip each
-            layer's gradient on its own to C / sqrt(L) (L layers with
-            trainable weights), so the total sensitivity stays C
-            (`tf_dpadam.privatizer.clip_groups`). `l2_norm_clip` may also be a mapping
-            `{layer name or path: C_l}`, one group per key; the noise and
-            Phi then use sqrt(sum_l C_l^2).
-"""
-
 _POST_CLIP_DOC = """
     Keras' `clipnorm`, `global_clipnorm` and `clipvalue` clip the averaged
     gradient after the noise was added: post-processing of the private
@@ -108,13 +68,6 @@ class DPSGD(DPOptimizerMixin, keras.optimizers.SGD):
     def __init__(
         self,
         *,
-        l2_norm_clip: Union[float, Mapping[str, float]],
-        noise_multiplier: float,
-        batch_size: Optional[int] = None,
-        target_unclipped_quantile: Optional[float] = None,
-        clip_learning_rate: float = 0.2,
-        clipped_count_stddev: Optional[float] = None,
-        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.01,
         momentum: float = 0.0,
         nesterov: bool = False,
@@ -165,13 +118,6 @@ class DPAdam(_DPAdamBase):
     def __init__(
         self,
         *,
-        l2_norm_clip: Union[float, Mapping[str, float]],
-        noise_multiplier: float,
-        batch_size: Optional[int] = None,
-        target_unclipped_quantile: Optional[float] = None,
-        clip_learning_rate: float = 0.2,
-        clipped_count_stddev: Optional[float] = None,
-        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,
@@ -234,13 +180,6 @@ class DPAdamCorrected(_DPAdamBase):
     def __init__(
         self,
         *,
-        l2_norm_clip: Union[float, Mapping[str, float]],
-        noise_multiplier: float,
-        batch_size: Optional[int] = None,
-        target_unclipped_quantile: Optional[float] = None,
-        clip_learning_rate: float = 0.2,
-        clipped_count_stddev: Optional[float] = None,
-        per_layer_clipping: bool = False,
         learning_rate: LearningRate = 0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,

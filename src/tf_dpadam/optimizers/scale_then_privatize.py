@@ -11,15 +11,14 @@ undone on the noised sum before Adam's update.
 """
 
 import math
-from typing import Mapping, Optional, Union
 
 import keras
 from keras import ops
 
 from tf_dpadam.privatizer import preclip
 from tf_dpadam.common import validation
+from tf_dpadam.optimizers.arguments import DP_ARGS_DOC
 from tf_dpadam.optimizers.base import constructor_arguments
-from tf_dpadam.optimizers.paper import DP_ARGS_DOC
 from tf_dpadam.optimizers.paper import DPAdam
 
 __all__ = ["DPAdamScaleThenPrivatize", "preconditioner"]
@@ -120,13 +119,6 @@ class DPAdamScaleThenPrivatize(DPAdam):
     def __init__(
         self,
         *,
-        l2_norm_clip: Union[float, Mapping[str, float]],
-        noise_multiplier: float,
-        batch_size: Optional[int] = None,
-        target_unclipped_quantile: Optional[float] = None,
-        clip_learning_rate: float = 0.2,
-        clipped_count_stddev: Optional[float] = None,
-        per_layer_clipping: bool = False,
         learning_rate=0.001,
         beta_1: float = 0.9,
         beta_2: float = 0.999,

@@ -127,14 +127,6 @@ def clip_and_sum(per_example_grads: Sequence, l2_norm_clip,
     return summed, norms
 
 
-def global_norms(norms) -> tf.Tensor:
-    """`[B]` global norms from `clip_and_sum`'s norms (`dp_math.global_norms`)."""
-    return dp_math.global_norms(norms)
-
-
-GroupClip = dp_math.GroupClip
-
-
 def all_finite(tensors: Sequence) -> tf.Tensor:
     """Whether every entry of every tensor is finite (a scalar bool)."""
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t))

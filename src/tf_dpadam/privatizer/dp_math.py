@@ -84,9 +84,15 @@ def noise_stddev(l2_norm_clip, noise_multiplier):
     return noise_multiplier * l2_norm_clip
 
 
-def noise_variance_phi(l2_norm_clip, noise_multiplier, denominator):
-    """Phi = (sigma C / B)^2, the noise's bias in E[v_hat], per coordinate."""
-    return (noise_multiplier * l2_norm_clip / denominator) ** 2
+def noise_variance_phi(noise_stddev, denominator):
+    """Phi = (sigma C / B)^2, the noise's bias in E[v_hat], per coordinate:
+    the one formula of Phi (the privatizer returns it with each private
+    gradient). `noise_stddev` is sigma * C (`noise_stddev`), a number or a
+    tensor; a float32 tensor if either is a tensor."""
+    if ops.is_tensor(noise_stddev) or ops.is_tensor(denominator):
+        return ops.square(ops.cast(noise_stddev, "float32")
+                          / ops.cast(denominator, "float32"))
+    return (noise_stddev / denominator) ** 2
 
 
 def default_gamma(phi):

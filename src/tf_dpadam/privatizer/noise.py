@@ -1,9 +1,13 @@
 """Phases 3 and 4 of the DP step: Gaussian noise, once, then division by B.
 
-`add_noise` adds N(0, (sigma C)^2 I) once to the clipped sum, from
-TensorFlow's Philox generator keyed by a `seeds.NoiseSeeds` draw;
-`scale` divides by the public denominator B. Both compute in float32: only
-the privatized gradient is cast to each variable's dtype, by the optimizer
+`privatize` is the privatizer's output, value in, value out: the clipped
+sum in, the private gradient g_tilde = (sum + z) / B and
+Phi = (sigma C / B)^2 out, z ~ N(0, (sigma C)^2 I) drawn from TensorFlow's
+Philox generator keyed by a `seeds.NoiseSeeds` draw. (`add_noise` and
+`divide` are its two halves, for sums whose noise is added before an
+all-reduce.) Phi comes from the very std and B used here, so the optimizers
+never compute it themselves. Everything is float32: only the private
+gradient is cast to each variable's dtype, by the optimizer
 (post-processing).
 """
 
@@ -11,6 +15,8 @@ from typing import Sequence
 
 import tensorflow as tf
 from keras import ops
+
+from tf_dpadam.privatizer import dp_math
 
 # Secure mode draws each noise value as the sum of this many normals of std
 # stddev / sqrt(count) (the same variance; Holohan & Braghin 2021: a sum of
@@ -101,3 +107,20 @@ def scale(grads: Sequence, denominator) -> list:
         for g in grads
     ]
 
+
+
+def divide(noised: Sequence, noise_stddev, denominator) -> tuple:
+    """`(g_tilde, Phi)`: the noised sum divided by B, and
+    Phi = (noise_stddev / B)^2, the variance the noise adds to each
+    coordinate of g_tilde (`dp_math.noise_variance_phi`)."""
+    return (scale(noised, denominator),
+            dp_math.noise_variance_phi(noise_stddev, denominator))
+
+
+def privatize(summed: Sequence, noise_stddev, denominator, seed, share=1.0,
+              secure_mode: bool = False) -> tuple:
+    """`(g_tilde, Phi)` of a clipped sum: noise once (`add_noise`, whose
+    arguments these are), divide by B (`divide`)."""
+    noised = add_noise(summed, noise_stddev, seed, share=share,
+                       secure_mode=secure_mode)
+    return divide(noised, noise_stddev, denominator)

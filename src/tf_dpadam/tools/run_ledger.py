@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from tf_dpadam.accounting import ledger as ledger_lib
+from tf_dpadam.optimizers import registry
 
 FORMAT = 2  # Of `Record.to_json`.
 RESERVE_STEPS = 10  # The most steps one reservation holds.
@@ -58,10 +59,11 @@ PRIVACY_SETTINGS = {
 # batch size).
 DERIVED_SETTINGS = {"accumulation_steps": "accumulation steps (--batch_size /"
                                           " --physical_batch_size)"}
-# The --optimizer of each tf_dpadam optimizer class.
-OPTIMIZER_FLAGS = {
-    "DPSGD": "dpsgd", "DPAdam": "dpadam", "DPAdamCorrected": "dpadam_corrected",
-    "DPAdamScaleThenPrivatize": "dpadam_stp", "DPAdamDiSK": "dpadam_disk"}
+# The --optimizer of each built-in DP optimizer class, by class name (a
+# checkpoint's optimizer is looked up in the registry itself, which also
+# knows the classes registered later).
+OPTIMIZER_FLAGS = {class_name: flag for flag, class_name
+                   in registry.class_names().items()}
 
 
 class SettingsError(ValueError):
@@ -74,8 +76,8 @@ def privacy_settings(*, noise_multiplier: float, l2_norm_clip: float,
                      physical_batch_size: int | None, accumulation_steps: int,
                      delta: float, accountant: str = ACCOUNTANT) -> Settings:
     """The settings a run's privacy depends on, as JSON values: sigma, C,
-    the expected (Poisson) B, N, the optimizer's flag name ("dpsgd",
-    "dpadam", "dpadam_corrected"), the physical batch (None: all of a step),
+    the expected (Poisson) B, N, the optimizer's flag name ("dpsgd", ...:
+    `tf_dpadam.optimizers.registry`), the physical batch (None: all of a step),
     k, delta, q = B / N and the accountant (recorded, not compared)."""
     return dict(
         noise_multiplier=float(noise_multiplier),
@@ -96,7 +98,7 @@ def checkpoint_settings(model: Any) -> Settings:
         noise_multiplier=float(optimizer.noise_multiplier),
         l2_norm_clip=float(optimizer.dp_config.l2_norm_clip),  # initial C
         batch_size=optimizer.batch_size,
-        optimizer=OPTIMIZER_FLAGS.get(name, name),
+        optimizer=registry.optimizer_name(optimizer) or name,
         accumulation_steps=int(optimizer.dp_accumulation_steps))
     segments = model.privacy_ledger.segments
     if segments and segments[-1].mechanism.num_examples is not None:

@@ -12,8 +12,9 @@ import math
 
 import keras
 
-from tf_dpadam.common import validation
+from tf_dpadam.accounting import accountants
 from tf_dpadam.accounting import plans
+from tf_dpadam.common import validation
 
 
 class PrivacyBudget(keras.callbacks.Callback):
@@ -131,7 +132,7 @@ class PrivacyBudget(keras.callbacks.Callback):
         validation.check_delta(delta)
         if target_epsilon is not None:
             validation.check_positive_real("target_epsilon", target_epsilon)
-        validation.check_accountant(accountant)
+        accountants.get_accountant(accountant)
         validation.check(verbose in (0, 1), "verbose", verbose, "0 or 1")
         self.num_examples = None if num_examples is None else int(num_examples)
         self.delta = float(delta)
@@ -236,7 +237,8 @@ class PrivacyBudget(keras.callbacks.Callback):
         params = self.params or {}
         batches = (params.get("steps") or math.inf) * (params.get("epochs")
                                                        or 1)
-        if self.accountant != "pld" or batches <= every:
+        if (not accountants.get_accountant(self.accountant).costly
+                or batches <= every):
             return ledger.epsilon(self.delta, self.accountant)
         steps = ledger.steps
         every *= max(1, steps // (20 * every))

@@ -26,11 +26,12 @@ from tf_dpadam.privatizer import adaptive_clipping
 from tf_dpadam.training import augmentation
 from tf_dpadam.common import compat
 from tf_dpadam.privatizer import ghost_clipping
-from tf_dpadam.optimizers import paper as dp_optimizers
+from tf_dpadam.optimizers import base as dp_optimizers
 from tf_dpadam.training import train_step_checks
 from tf_dpadam.privatizer import vectorized_clipping
 from tf_dpadam.privatizer.ghost_clipping import registry
 from tf_dpadam.privatizer import clipping
+from tf_dpadam.privatizer import dp_math
 from tf_dpadam.training import update as update_lib
 
 
@@ -53,7 +54,6 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
     optimizer = model.optimizer
     require_dp_optimizer(optimizer)
     check_no_example_mixing(model.base_model)
-    config = optimizer.dp_config
     build_on_first_call(model, x)
     variables = model.trainable_variables
     if not variables:
@@ -76,14 +76,14 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
     clip = update_lib.clip_for_sum(optimizer, hooks)
     summed, norms, losses, y_pred = clipped_sum(
         model, x, y, sample_weight, present,
-        clipping.GroupClip.of(clip, optimizer.variable_groups()),
+        dp_math.GroupClip.of(clip, optimizer.variable_groups()),
     )
     # Adaptive clipping: each group's count of unclipped examples.
     unclipped = None
     if optimizer.adaptive_clipping is not None:
         unclipped = adaptive_clipping.shifted_unclipped_counts(
             ops.reshape(norms, (-1, ops.shape(present)[0])), clip, present)
-    norms = clipping.global_norms(norms)
+    norms = dp_math.global_norms(norms)
     for hook in hooks:
         hook.after_clipping(norms, losses, present)
 
@@ -219,7 +219,7 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
 
     def recompute():
         (x2, y2, w2), present2 = clipping.without_non_finite(
-            (x, y, sample_weight), present, clipping.global_norms(norms),
+            (x, y, sample_weight), present, dp_math.global_norms(norms),
             losses, model.augmult)
         return tf.cond(
             tf.reduce_any(present2 > 0),

@@ -1,27 +1,30 @@
 """Phases 3 to 5 of the DP step: noise once, divide by B, apply.
 
 `apply_clipped_sum` takes a batch's clipped sum (phases 1 and 2,
-`train_step`) and runs the rest of the step, in one of three ways:
+`train_step`) and decides when a logical step ends:
 
 1. No accumulation (k = 1): the sums and counts are added over the
-   `tf.distribute` replicas (if any), then `noise_scale_apply`: the hooks'
-   additions (audit canaries), one Gaussian draw of std sigma * C (on the
-   first replica only: each replica hands 1/R of the sum to Keras, which
-   adds them), division by B, the optimizer.
+   `tf.distribute` replicas (if any); every batch is a logical step.
 2. Accumulation over k > 1 physical batches, one replica: the batch is added
-   to the optimizer's accumulators (`accumulation.GradientAccumulator`), and
-   on every k-th batch `noise_scale_apply` runs on their totals and clears
-   them.
+   to the optimizer's accumulators (`accumulation.GradientAccumulator`);
+   every k-th batch is a logical step on their totals, which it clears.
 3. Accumulation under `tf.distribute`: each replica adds its batch to its
    own copy of the accumulators, without communication; then all replicas
    meet in one `merge_call` (outside any control flow, as Keras' own
    gradient aggregation does), in which, on every k-th batch only, one
-   `tf.cond` runs `logical_step_on_replicas`: the noise is added to the copy
-   of the replica with global id 0, one all-reduce sums all copies (so the
-   noise is drawn once and every worker applies the same gradient), then
-   division by the global B and the optimizer, in cross-replica context.
-   (The reverse nesting, a `merge_call` inside a `tf.cond` of the replica's
-   step, is what `tf.distribute` refuses.)
+   `tf.cond` runs the logical step in cross-replica context. (The reverse
+   nesting, a `merge_call` inside a `tf.cond` of the replica's step, is
+   what `tf.distribute` refuses.)
+
+Every logical step then takes the one path of `logical_step`: the hooks'
+additions (audit canaries), B, the noise of std sigma * C drawn once, the
+privatizer's `noise.privatize` (private gradient and Phi, value in, value
+out), the optimizer's `apply_private`. Only where the sums live differs,
+in two small classes: `WholeSums` (every replica holds the whole sums; the
+first replica adds the noise and each hands 1/R to Keras, which adds them)
+and `ReplicaCopies` (case 3: the noise is added to the copy of the replica
+with global id 0 and one all-reduce sums all copies, so it is drawn once and
+every worker applies the same gradient).
 
 The noise and the division compute in float32; the optimizer casts the
 private gradient to each variable's dtype (`apply_private`).
@@ -100,132 +103,147 @@ def apply_clipped_sum(update: Update, summed: list, count,
             summed, count, *extra = replicas.sum_over_replicas(
                 (summed, count, *extra))
             unclipped = extra[0] if extra else None
-        noise_scale_apply(update, summed, count, unclipped)
+        logical_step(update, WholeSums(summed, count, unclipped))
     elif not tf.distribute.has_strategy():
         accumulator.add(summed, count, unclipped)
 
-        def logical_step():
-            noise_scale_apply(update, *accumulator.totals())
+        def step():
+            logical_step(update, WholeSums(*accumulator.totals()))
             accumulator.clear()
             return ops.zeros(())
 
-        ops.cond(accumulator.advance(), logical_step, lambda: ops.zeros(()))
+        ops.cond(accumulator.advance(), step, lambda: ops.zeros(()))
     else:
         accumulator.add(summed, count, unclipped)
 
         def merge_fn(strategy):
-            def logical_step():
-                logical_step_on_replicas(update, strategy, accumulator)
+            def step():
+                logical_step(update, ReplicaCopies(strategy, accumulator))
                 accumulator.clear_all_copies()
                 return tf.zeros(())
 
-            tf.cond(accumulator.advance(), logical_step,
-                    lambda: tf.zeros(()))
+            tf.cond(accumulator.advance(), step, lambda: tf.zeros(()))
 
         replicas.merge(merge_fn)
 
 
-def noise_scale_apply(update: Update, summed: list, count,
-                      unclipped=None) -> None:
-    """Noise once, divide by B, apply.
-
-    `summed` is the clipped sum over all examples of the (logical) step
-    and all replicas, the same on every replica; `count` their number;
-    `unclipped` (adaptive clipping) their shifted counts of unclipped
-    examples, noised here too.
-    """
+def logical_step(update: Update, sums) -> None:
+    """Phases 3 to 5 of one logical step, wherever its sums live (`sums`:
+    `WholeSums` or `ReplicaCopies`): the hooks' additions, B, one noise
+    draw, division by B (the privatizer returns the private gradient and
+    Phi), the optimizer."""
     optimizer = update.optimizer
-    config = optimizer.dp_config
     hooks = update.hooks
-    l2_norm_clip = clip_norm(optimizer, hooks)
-    for hook in hooks:
-        # Gradient canaries: extra examples, clipped like the others.
-        summed, count = hook.add_to_sum(summed, count, update.variables,
-                                        l2_norm_clip, optimizer.iterations)
-    denominator = config.denominator(count)
-    for hook in hooks:
-        if hook.observes_clean_sum:
-            hook.before_noise(summed, denominator)
+    sums.check_hooks(hooks)
+    sums.add_from_hooks(hooks, update.variables,
+                        clip_norm(optimizer, hooks), optimizer.iterations)
     noise_stddev = optimizer.gradient_noise_stddev()
     for hook in hooks:
         noise_stddev = hook.noise_stddev(noise_stddev)
     seed = update.noise_seeds.next(optimizer.iterations)
     count_step(update)
+    count_seed = None
+    if sums.unclipped is not None:
+        seed, count_seed = noise.split_seed(seed)
+
+    observers = [hook for hook in hooks if hook.observes_clean_sum]
+
+    def observe(clean, count):
+        for hook in observers:
+            hook.before_noise(clean, optimizer.dp_config.denominator(count))
+
+    noised, count, unclipped = sums.noised(
+        lambda summed, share=1.0: noise.add_noise(
+            summed, noise_stddev, seed, share=share,
+            secure_mode=update.secure_mode),
+        lambda unclipped: _count_noise(update, unclipped, count_seed),
+        observe if observers else None)
+    denominator = optimizer.dp_config.denominator(count)
+    private_grads, phi = noise.divide(noised, noise_stddev, denominator)
     fraction = None
     if unclipped is not None:
-        seed, count_seed = noise.split_seed(seed)
-        # Drawn on the first replica and summed over the replicas, so that
-        # every replica moves C by the same privatized fraction.
-        count_noise = replicas.sum_over_replicas(
-            replicas.first_replica_share()
-            * _count_noise(update, unclipped, count_seed))
-        fraction = adaptive_clipping.unclipped_fraction(
-            unclipped + count_noise, denominator)
-    noised = noise.add_noise(
-        replicas.replica_share(summed),
-        noise_stddev,
-        seed,
-        share=replicas.first_replica_share(),
-        secure_mode=update.secure_mode,
-    )
-    private_grads = noise.scale(noised, denominator)
+        fraction = adaptive_clipping.unclipped_fraction(unclipped,
+                                                        denominator)
     for hook in hooks:
         hook.after_noise(private_grads, update.variables)
-    optimizer.apply_private(private_grads, update.variables, denominator,
-                            fraction)
+    optimizer.apply_private(private_grads, update.variables, phi, fraction)
 
 
-def logical_step_on_replicas(update: Update, strategy, accumulator) -> None:
-    """Noise once, all-reduce once, divide by B, apply (cross-replica).
+class WholeSums:
+    """The sums of a logical step, whole on every replica (or one replica):
+    the first replica adds the noise, and each hands 1/R of the private
+    gradient to Keras, which adds them."""
 
-    The logical step of accumulation under `tf.distribute`: the
-    accumulator's sums and count have one copy per replica. The noise is
-    added to the copy of the replica with global id 0 before the one
-    all-reduce (`replicas.sum_replica_copies`), so it is drawn once in
-    total and every worker applies the same gradient.
-    """
-    optimizer = update.optimizer
-    config = optimizer.dp_config
-    for hook in update.hooks:
-        if not hook.supports_replica_accumulation:
-            raise ValueError(hook.replica_accumulation_error())
-    seed = update.noise_seeds.next(optimizer.iterations)
-    count_step(update)
-    num_sums = len(accumulator.sums)
-    adaptive = accumulator.unclipped is not None
-    if adaptive:
-        seed, count_seed = noise.split_seed(seed)
+    def __init__(self, summed, count, unclipped=None):
+        self.summed, self.count, self.unclipped = summed, count, unclipped
 
-    def add_noise(values):
-        noised = noise.add_noise(
-            values[:num_sums], optimizer.gradient_noise_stddev(), seed,
-            secure_mode=update.secure_mode,
-        )
-        rest = values[num_sums:]
-        if adaptive:  # [count, unclipped counts]: one draw, here only.
-            rest[1] = rest[1] + _count_noise(update, rest[1], count_seed)
-        return noised + rest
+    def check_hooks(self, hooks):
+        del hooks  # Every hook runs here.
 
-    sums = list(accumulator.sums)
-    reduced = replicas.sum_replica_copies(
-        strategy, accumulator.state(), first_replica=add_noise
-    )
-    noised, total = reduced[:num_sums], reduced[num_sums]
-    denominator = config.denominator(total)
-    fraction = None
-    if adaptive:
-        fraction = adaptive_clipping.unclipped_fraction(
-            reduced[num_sums + 1], denominator)
-    observers = [hook for hook in update.hooks if hook.observes_clean_sum]
-    if observers:
-        # The clean sum needs an all-reduce of its own (research only).
-        clean = replicas.sum_replica_copies(strategy, sums)
-        for hook in observers:
-            hook.before_noise(clean, denominator)
-    optimizer.apply_private(
-        noise.scale(noised, denominator), update.variables, denominator,
-        fraction,
-    )
+    def add_from_hooks(self, hooks, variables, l2_norm_clip, step):
+        for hook in hooks:
+            # Gradient canaries: extra examples, clipped like the others.
+            self.summed, self.count = hook.add_to_sum(
+                self.summed, self.count, variables, l2_norm_clip, step)
+
+    def noised(self, add_noise, count_noise, observe):
+        """`(noised sums (this replica's share), count, noised unclipped
+        counts)`; `observe` (if any) sees the clean sum first."""
+        if observe is not None:
+            observe(self.summed, self.count)
+        unclipped = self.unclipped
+        if unclipped is not None:
+            # Drawn on the first replica and summed over the replicas, so
+            # that every replica moves C by the same privatized fraction.
+            unclipped = unclipped + replicas.sum_over_replicas(
+                replicas.first_replica_share() * count_noise(unclipped))
+        noised = add_noise(replicas.replica_share(self.summed),
+                           replicas.first_replica_share())
+        return noised, self.count, unclipped
+
+
+class ReplicaCopies:
+    """The sums of a logical step of accumulation under `tf.distribute`:
+    one copy per replica of the accumulators, in cross-replica context. The
+    noise is added to the copy of the replica with global id 0 before the
+    one all-reduce (`replicas.sum_replica_copies`), so it is drawn once in
+    total and every worker applies the same gradient."""
+
+    def __init__(self, strategy, accumulator):
+        self.strategy, self.accumulator = strategy, accumulator
+        self.unclipped = accumulator.unclipped
+
+    def check_hooks(self, hooks):
+        for hook in hooks:
+            if not hook.supports_replica_accumulation:
+                raise ValueError(hook.replica_accumulation_error())
+
+    def add_from_hooks(self, hooks, variables, l2_norm_clip, step):
+        # The hooks that support replica accumulation add nothing.
+        del hooks, variables, l2_norm_clip, step
+
+    def noised(self, add_noise, count_noise, observe):
+        """`(noised sums, count, noised unclipped counts)`, all-reduced."""
+        accumulator = self.accumulator
+        num_sums = len(accumulator.sums)
+        adaptive = accumulator.unclipped is not None
+
+        def first_replica(values):
+            noised = add_noise(values[:num_sums])
+            rest = values[num_sums:]
+            if adaptive:  # [count, unclipped counts]: one draw, here only.
+                rest[1] = rest[1] + count_noise(rest[1])
+            return noised + rest
+
+        sums = list(accumulator.sums)
+        reduced = replicas.sum_replica_copies(
+            self.strategy, accumulator.state(), first_replica=first_replica)
+        count = reduced[num_sums]
+        if observe is not None:
+            # The clean sum needs an all-reduce of its own (research only).
+            observe(replicas.sum_replica_copies(self.strategy, sums), count)
+        unclipped = reduced[num_sums + 1] if adaptive else None
+        return reduced[:num_sums], count, unclipped
 
 
 def _count_noise(update: Update, unclipped, seed):

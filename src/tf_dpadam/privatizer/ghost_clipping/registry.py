@@ -21,7 +21,13 @@
 Adding a layer: a rule module, one line in `GHOST_RULES` (a keras-hub layer:
 in `keras_hub.RULES`, by name, registered once keras_hub is imported), one
 test; the table of docs/guides/layers_and_clipping.md (`markdown_table`) is
-checked against this module by tests/ghost_clipping_registry_test.py.
+checked against this module by tests/privatizer/ghost_clipping_registry_test.py.
+
+A user's own layer: `register_ghost_rule(layer_class, rule)`
+(`tf_dpadam.register_ghost_rule`) adds a rule at run time, looked up with
+the built-in ones (the nearest registered class of a layer wins); the
+latest registration of a class wins, over a built-in rule too, and
+`unregister_ghost_rule` takes it back.
 """
 
 import warnings
@@ -36,6 +42,7 @@ from tf_dpadam.privatizer.ghost_clipping import embedding
 from tf_dpadam.privatizer.ghost_clipping import keras_hub
 from tf_dpadam.privatizer.ghost_clipping import lora
 from tf_dpadam.privatizer.ghost_clipping import normalization
+from tf_dpadam.privatizer.ghost_clipping import rule as rule_lib
 from tf_dpadam.privatizer.ghost_clipping import standardized
 
 # Layer class -> rule; a subclass gets its nearest registered base's rule.
@@ -60,6 +67,10 @@ LORA_RULES = {
     keras.layers.Dense: lora.LoraDenseRule,
     keras.layers.EinsumDense: lora.LoraEinsumDenseRule,
 }
+
+# Layer class -> rule, registered at run time (`register_ghost_rule`):
+# looked up with `GHOST_RULES` and the keras-hub rules, and over them.
+USER_RULES = {}
 
 # Never looked into: with trainable weights, they are fallback units.
 OPAQUE_LAYERS = (keras.layers.RNN, keras.layers.Wrapper)
@@ -140,11 +151,100 @@ def _lora(layer):
 
 
 def _table(layer):
-    """`LORA_RULES` for a layer with LoRA enabled, else `GHOST_RULES` and
-    the keras-hub rules (once keras_hub is imported)."""
+    """`LORA_RULES` for a layer with LoRA enabled, else `GHOST_RULES`, the
+    keras-hub rules (once keras_hub is imported) and `USER_RULES`."""
     if _lora(layer):
         return LORA_RULES
-    return {**GHOST_RULES, **keras_hub.ghost_rules()}
+    return {**GHOST_RULES, **keras_hub.ghost_rules(), **USER_RULES}
+
+
+def register_ghost_rule(layer_class: type, rule: type) -> None:
+    """Registers a ghost clipping rule for a layer class of your own.
+
+    Ghost clipping gets each example's gradient norm of a layer's weights
+    from the layer's recorded input and output gradient, one rule per
+    layer type. A layer with trainable weights and no rule takes the
+    fallback (exact per-example gradients by a vectorized map over that
+    layer alone), which costs more, and which a layer that draws random
+    numbers in training (its own dropout) cannot take: `clipping="ghost"`
+    then raises and `clipping="auto"` takes the vectorized path for the
+    whole model. A registered rule makes the layer ghost: `make_private`
+    steps traced after the registration use it, for `layer_class` and its
+    subclasses that neither override `call` (or the rule's `overridable`
+    methods) nor add trainable weights outside the rule's `weight_names`.
+    A layer with LoRA enabled keeps the LoRA rules.
+
+    The rule is trusted: privacy rests on its norms being the per-example
+    gradients' norms. Test it against one-example `tf.GradientTape`s
+    (docs/guides/layers_and_clipping.md, "Your own layer: a ghost rule").
+
+    Registering a class again replaces its rule: the latest registration
+    wins, over a built-in rule too (`keras.layers.Dense`, ...).
+    `unregister_ghost_rule` takes a registration back.
+
+    Args:
+        layer_class: a subclass of `keras.layers.Layer` (not `Layer`
+            itself).
+        rule: a subclass of
+            `tf_dpadam.privatizer.ghost_clipping.rule.Rule` (the class, not
+            an instance) of kind "ghost" that overrides `intercept` and
+            `blocks` and names the layer's weights in `weight_names`.
+
+    Raises:
+        ValueError: if `layer_class` or `rule` is not such a class (the
+            message names the argument).
+    """
+    if not (isinstance(layer_class, type)
+            and issubclass(layer_class, keras.layers.Layer)):
+        raise ValueError(
+            "register_ghost_rule: layer_class must be a subclass of"
+            f" keras.layers.Layer, got {layer_class!r}")
+    if layer_class is keras.layers.Layer:
+        raise ValueError(
+            "register_ghost_rule: layer_class must be a subclass of"
+            " keras.layers.Layer, not keras.layers.Layer itself (its rule"
+            " would be every layer's)")
+    _check_rule(rule)
+    USER_RULES[layer_class] = rule
+
+
+def unregister_ghost_rule(layer_class: type) -> None:
+    """Takes back `register_ghost_rule(layer_class, ...)`: the class gets
+    its built-in rule again, or that of its nearest registered base class,
+    or none.
+
+    Raises:
+        ValueError: if no rule is registered for `layer_class` by
+            `register_ghost_rule` (the built-in rules stay).
+    """
+    if layer_class not in USER_RULES:
+        raise ValueError(
+            "unregister_ghost_rule: layer_class"
+            f" {getattr(layer_class, '__name__', layer_class)!r} has no rule"
+            " registered by register_ghost_rule")
+    del USER_RULES[layer_class]
+
+
+def _check_rule(rule):
+    """Raises a ValueError naming `rule` unless it is a ghost rule class."""
+    def refuse(what):
+        raise ValueError(f"register_ghost_rule: rule must be {what}, got"
+                         f" {rule!r}")
+
+    if isinstance(rule, rule_lib.Rule):
+        refuse("a rule class, not an instance")
+    if not (isinstance(rule, type) and issubclass(rule, rule_lib.Rule)):
+        refuse("a subclass of tf_dpadam.privatizer.ghost_clipping.rule.Rule")
+    if rule.kind != "ghost":
+        refuse(f'of kind "ghost" (its kind is {rule.kind!r})')
+    for method in ("intercept", "blocks"):
+        if getattr(rule, method) is getattr(rule_lib.Rule, method):
+            refuse(f"a Rule that overrides {method}")
+    names = rule.weight_names
+    if (isinstance(names, str) or not names
+            or not all(isinstance(n, str) for n in names)):
+        refuse("a Rule whose weight_names is a non-empty tuple of the"
+               " layer's weight attributes")
 
 
 def registered_class(layer):

@@ -8,7 +8,7 @@ import numpy as np
 from keras import ops
 
 from tf_dpadam.privatizer import dp_math
-from tf_dpadam.optimizers import paper as dp_optimizers
+from tf_dpadam import optimizers as dp_optimizers
 from tf_dpadam.training import private_model
 from tf_dpadam.common import validation
 from tf_dpadam.tools.diagnostics import moments

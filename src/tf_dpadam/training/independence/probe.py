@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tf_dpadam.common import compat
 from tf_dpadam.privatizer.ghost_clipping import per_example_loss
-from tf_dpadam.privatizer import clipping
+from tf_dpadam.privatizer import dp_math
 from tf_dpadam.training import train_step as train_step_lib
 
 
@@ -57,7 +57,7 @@ class Probe:
             # The norms do not depend on the clip norm.
             _, found, _, _ = train_step_lib.clipped_sum_by_mode(
                 model, x, y, sample_weight, present, 1.0)
-            return clipping.global_norms(found)
+            return dp_math.global_norms(found)
 
         def scoped(function):
             # Not a root name scope: a model named "__x" cannot be one.

@@ -1,1 +1,0 @@
-"""Developer tools of the repository (not part of the tf_dpadam package)."""
