@@ -82,8 +82,8 @@ class HelpTest(absltest.TestCase):
 
     def test_samplings_agree_with_the_accounting(self):
         from tf_dpadam import accounting  # pylint: disable=g-import-not-at-top
-        from tf_dpadam import privacy_cli  # pylint: disable=g-import-not-at-top
-        self.assertEqual(privacy_cli.SAMPLINGS, accounting.SAMPLINGS)
+        from tf_dpadam.accounting import cli  # pylint: disable=g-import-not-at-top
+        self.assertEqual(cli.SAMPLINGS, accounting.SAMPLINGS)
 
     def test_audit_breaks_agree_with_the_library(self):
         from tf_dpadam.tools.audit import hooks  # pylint: disable=g-import-not-at-top

@@ -1,7 +1,7 @@
 """The package as pip and a user see it: metadata, version, license, API.
 
-- pyproject.toml (PEP 621) holds the metadata; setup.py only calls
-  `setuptools.setup()`, so there is one list of dependencies;
+- pyproject.toml (PEP 621) is the one packaging source (no setup.py), with
+  the src layout and the `tf_dpadam_privacy` console script;
 - the version has one source, src/tf_dpadam/version.py, which pyproject.toml
   reads, `tf_dpadam.__version__` re-exports, and MODULE.bazel and
   CHANGELOG.md repeat (checked here);
@@ -35,10 +35,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PUBLIC_PACKAGES = (
     "tf_dpadam",
     "tf_dpadam.accounting",
-    "tf_dpadam.diagnostics",
+    "tf_dpadam.tools.diagnostics",
     "tf_dpadam.privatizer.ghost_clipping",
-    "tf_dpadam.independence",
-    "tf_dpadam.membership",
+    "tf_dpadam.training.independence",
+    "tf_dpadam.tools.membership",
 )
 
 # (module, names): public functions and classes whose signatures must be
@@ -52,7 +52,7 @@ TYPED = (
         "epsilon_without_amplification", "steps_for_epochs",
         "training_steps")),
     ("tf_dpadam.data", ("poisson_batches", "poisson_batches_from_source")),
-    ("tf_dpadam.sharding", ("sharded_poisson_batches",
+    ("tf_dpadam.data.sharding", ("sharded_poisson_batches",
                             "workers_and_local_replicas")),
     ("tf_dpadam.layers", ("standardize_kernel", "WSConv2D")),
     ("tf_dpadam.training.callbacks", ("PrivacyBudget",)),
@@ -132,15 +132,14 @@ class PackagingTest(parameterized.TestCase):
             _pyproject()["tool"]["setuptools"]["package-data"]["tf_dpadam"],
             ["py.typed"])
 
-    def test_setup_py_has_no_second_copy_of_the_metadata(self):
-        tree = ast.parse(_read("setup.py"))
-        calls = [node for node in ast.walk(tree)
-                 if isinstance(node, ast.Call)
-                 and getattr(node.func, "attr", None) == "setup"]
-        self.assertLen(calls, 1)
-        self.assertEqual(calls[0].args, [])
-        self.assertEqual(calls[0].keywords, [])
-
+    def test_pyproject_is_the_one_packaging_source(self):
+        self.assertFalse(os.path.exists(os.path.join(_ROOT, "setup.py")))
+        self.assertFalse(os.path.exists(os.path.join(_ROOT, "setup.cfg")))
+        text = _read("pyproject.toml")
+        # The src layout, and the accounting command line's console script.
+        self.assertIn('where = ["src"]', text)
+        self.assertIn('tf_dpadam_privacy = "tf_dpadam.accounting.cli:'
+                      'console_main"', text)
     def test_one_version_source(self):
         self.assertRegex(version.__version__, r"^\d+\.\d+\.\d+")
         self.assertEqual(tf_dpadam.__version__, version.__version__)
@@ -177,7 +176,7 @@ class PackagingTest(parameterized.TestCase):
 
     def test_py_typed_ships(self):
         self.assertTrue(os.path.isfile(
-            os.path.join(_ROOT, "tf_dpadam", "py.typed")))
+            os.path.join(_ROOT, "src", "tf_dpadam", "py.typed")))
 
     @parameterized.parameters(*PUBLIC_PACKAGES)
     def test_all_names_exist_and_are_documented(self, name):

@@ -35,7 +35,8 @@ class LazyLoadingTest(absltest.TestCase):
             import tf_dpadam
             print("tensorflow" in sys.modules, "keras" in sys.modules)
             print(tf_dpadam.__version__)
-            from tf_dpadam import command_line, privacy_cli
+            from tf_dpadam.accounting import cli
+            from tf_dpadam.common import command_line
             print("tensorflow" in sys.modules)
             print(tf_dpadam.DPAdamCorrected.__name__)
             print(sorted(set(tf_dpadam.__all__) - set(vars(tf_dpadam))))
