@@ -13,7 +13,9 @@ import math
 import os
 
 from research import runs
+from tf_dpadam.optimizers import arguments
 from tf_dpadam.privatizer import dp_math
+from tf_dpadam.privatizer import noise
 
 TASK = "fashion_mnist"
 ABLATIONS = ("phi", "gamma", "beta", "lr")
@@ -22,8 +24,8 @@ GAMMA_OVER_PHI = dp_math.DEFAULT_GAMMA_OVER_PHI  # gamma' = 0.04 * Phi.
 
 def true_phi(l2_norm_clip, noise_multiplier, batch_size):
     """Phi = (sigma C / B)^2, the noise's bias in each coordinate of v."""
-    return dp_math.noise_variance_phi(
-        dp_math.noise_stddev(l2_norm_clip, noise_multiplier), batch_size)
+    return noise.noise_variance_phi(
+        arguments.noise_stddev(l2_norm_clip, noise_multiplier), batch_size)
 
 
 def phi_values(phi, multiples):

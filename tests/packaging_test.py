@@ -57,7 +57,7 @@ TYPED = (
     ("tf_dpadam.layers", ("standardize_kernel", "WSConv2D")),
     ("tf_dpadam.training.callbacks", ("PrivacyBudget",)),
     ("tf_dpadam.tools.gradient_norms", ("per_example_gradient_norms",)),
-    ("tf_dpadam.privatizer.dp_math", ("DPConfig",)),
+    ("tf_dpadam.optimizers.arguments", ("DPConfig",)),
 )
 
 

@@ -80,7 +80,7 @@ def _load_all():
     from tf_dpadam.tools.gradient_norms import per_example_gradient_norms
     from tf_dpadam.privatizer.ghost_clipping.registry import (
         register_ghost_rule)
-    from tf_dpadam.privatizer.dp_math import DPConfig
+    from tf_dpadam.optimizers.arguments import DPConfig
     from tf_dpadam.tools.fixer import fix
     from tf_dpadam.tools.fixer import Problem
     from tf_dpadam.tools.fixer import validate
@@ -172,7 +172,7 @@ if TYPE_CHECKING:  # The same names, for type checkers (tf_dpadam is typed).
     from tf_dpadam.tools.gradient_norms import per_example_gradient_norms
     from tf_dpadam.privatizer.ghost_clipping.registry import (
         register_ghost_rule)
-    from tf_dpadam.privatizer.dp_math import DPConfig
+    from tf_dpadam.optimizers.arguments import DPConfig
     from tf_dpadam.tools.fixer import fix
     from tf_dpadam.tools.fixer import Problem
     from tf_dpadam.tools.fixer import validate
@@ -203,9 +203,20 @@ else:
 
             def exec_then_load(module):
                 exec_module(module)
-                _load_all()
+                if not _importing_a_submodule():
+                    _load_all()
 
             spec.loader.exec_module = exec_then_load
             return spec
+
+    def _importing_a_submodule():
+        """Whether Keras was imported by a tf_dpadam module that is still
+        loading (`import tf_dpadam.training.private_model` first): loading
+        every name now would import that module half-made. The names then
+        load on first use."""
+        return any(getattr(getattr(module, "__spec__", None),
+                           "_initializing", False)
+                   for name, module in list(sys.modules.items())
+                   if name.startswith("tf_dpadam."))
 
     sys.meta_path.insert(0, _LoadWithKeras())

@@ -7,9 +7,13 @@ generated from it.
 """
 
 import inspect
+import math
+
+import numpy as np
 
 import keras  # pylint: disable=unused-import  # Before tf_dpadam, as usual.
 from absl.testing import absltest
+from absl.testing import parameterized
 
 import tf_dpadam
 from tf_dpadam.optimizers import arguments
@@ -126,6 +130,54 @@ class ArgumentsTest(absltest.TestCase):
                     tf_dpadam.DPAdamScaleThenPrivatize,
                     tf_dpadam.DPAdamDiSK):
             self.assertIn(doc, cls.__doc__, cls.__name__)
+
+
+
+class DPConfigTest(parameterized.TestCase):
+
+    def test_normalizes_types_and_denominator(self):
+        config = arguments.DPConfig(l2_norm_clip=1, noise_multiplier=2,
+                                    batch_size=np.int64(16),
+                                    accumulation_steps=np.int32(4))
+        self.assertEqual(
+            (config.l2_norm_clip, config.noise_multiplier, config.batch_size,
+             config.accumulation_steps), (1.0, 2.0, 16, 4))
+        self.assertIs(type(config.batch_size), int)
+        self.assertIs(type(config.l2_norm_clip), float)
+        self.assertEqual(config.noise_stddev, 2.0)
+        self.assertAlmostEqual(arguments.noise_stddev(0.4, 1.5), 0.6)
+        self.assertEqual(config.denominator(10), 16)
+        counted = arguments.DPConfig(l2_norm_clip=1.0, noise_multiplier=0.0)
+        self.assertEqual(counted.denominator(10), 10)
+        self.assertEqual(counted.accumulation_steps, 1)
+
+    @parameterized.named_parameters(
+        ("clip_zero", dict(l2_norm_clip=0.0),
+         "Expected l2_norm_clip=0.0 to be a finite number > 0."),
+        ("clip_inf", dict(l2_norm_clip=math.inf),
+         "Expected l2_norm_clip=inf to be a finite number > 0."),
+        ("clip_bool", dict(l2_norm_clip=True),
+         "Expected l2_norm_clip=True to be a finite number > 0."),
+        ("sigma_negative", dict(noise_multiplier=-0.5),
+         "Expected noise_multiplier=-0.5 to be a finite number >= 0."),
+        ("sigma_nan", dict(noise_multiplier=math.nan),
+         "Expected noise_multiplier=nan to be a finite number >= 0."),
+        ("batch_zero", dict(batch_size=0),
+         "Expected batch_size=0 to be None or an int > 0."),
+        ("batch_float", dict(batch_size=8.0),
+         "Expected batch_size=8.0 to be None or an int > 0."),
+        ("accumulation_zero", dict(accumulation_steps=0),
+         "Expected gradient_accumulation_steps=0 to be None or an int >= 1."),
+        ("accumulation_bool", dict(accumulation_steps=True),
+         "Expected gradient_accumulation_steps=True to be None or an int"
+         " >= 1."),
+    )
+    def test_validation_messages(self, overrides, message):
+        kwargs = dict(l2_norm_clip=1.0, noise_multiplier=1.0)
+        kwargs.update(overrides)
+        with self.assertRaises(ValueError) as raised:
+            arguments.DPConfig(**kwargs)
+        self.assertEqual(str(raised.exception), message)
 
 
 if __name__ == "__main__":

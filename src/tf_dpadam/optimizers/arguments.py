@@ -6,7 +6,8 @@
 rule's own arguments and `**kwargs`; `signature` gives the constructor the
 full signature (the DP arguments, then the update rule's) that
 `inspect.signature`, IDEs and Sphinx show, and `DP_ARGS_DOC` is the
-docstring section that documents them.
+docstring section that documents them. Checked, they become a `DPConfig`
+(C, sigma, B, k), which the private train step reads.
 """
 
 import dataclasses
@@ -15,8 +16,10 @@ import re
 import textwrap
 from typing import Any, Callable, Mapping, Optional, Union
 
+from tf_dpadam.common import validation
+
 __all__ = ["ARGUMENTS", "Argument", "DEFAULT_CLIP_LEARNING_RATE",
-           "DP_ARGS_DOC", "NAMES", "REQUIRED", "pop_arguments", "signature"]
+           "DPConfig", "DP_ARGS_DOC", "NAMES", "REQUIRED", "pop_arguments", "signature"]
 
 REQUIRED = inspect.Parameter.empty  # The default of a required argument.
 # eta's default: `tf_dpadam.privatizer.adaptive_clipping`'s
@@ -169,3 +172,56 @@ def _wrapped(name: str, doc: str) -> str:
 # which a DP optimizer's docstring continues with its own arguments.
 DP_ARGS_DOC = "\n    Args:\n" + "".join(
     _wrapped(a.name, a.doc) for a in ARGUMENTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+    """The public DP hyperparameters of one privatized step.
+
+    Attributes:
+        l2_norm_clip: C, the bound on each example's gradient L2 norm (global over
+            all trainable variables).
+        noise_multiplier: sigma; the Gaussian noise has std sigma * C.
+        batch_size: B, the denominator. `None` means the number of examples in
+            the step; an int is a public constant (the expected batch size under
+            Poisson sampling, or the logical batch size).
+        accumulation_steps: k, the physical batches that make one step.
+    """
+
+    l2_norm_clip: float
+    noise_multiplier: float
+    batch_size: int | None = None
+    accumulation_steps: int = 1
+
+    def __post_init__(self):
+        validation.check_positive("l2_norm_clip", self.l2_norm_clip)
+        validation.check_non_negative("noise_multiplier", self.noise_multiplier)
+        b = self.batch_size
+        if b is not None:
+            validation.check(validation.is_int(b) and b > 0, "batch_size", b,
+                             "to be None or an int > 0")
+            object.__setattr__(self, "batch_size", int(b))
+        k = self.accumulation_steps
+        validation.check(validation.is_int(k) and k >= 1,
+                         "gradient_accumulation_steps", k,
+                         "to be None or an int >= 1")
+        object.__setattr__(self, "accumulation_steps", int(k))
+        object.__setattr__(self, "l2_norm_clip", float(self.l2_norm_clip))
+        object.__setattr__(self, "noise_multiplier",
+                           float(self.noise_multiplier))
+
+    @property
+    def noise_stddev(self) -> float:
+        """sigma * C, the std of the noise added once to the clipped sum."""
+        return noise_stddev(self.l2_norm_clip, self.noise_multiplier)
+
+    def denominator(self, num_examples):
+        """B: `batch_size` if set, else `num_examples` (the examples in the step)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return num_examples
+
+
+def noise_stddev(l2_norm_clip, noise_multiplier):
+    """The std of the Gaussian noise added to the sum of clipped gradients."""
+    return noise_multiplier * l2_norm_clip

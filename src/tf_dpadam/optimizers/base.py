@@ -2,7 +2,7 @@
 
 `DPOptimizerMixin` goes before a Keras optimizer class: its constructor is
 the one constructor of the three optimizers (the DP arguments, checked,
-become a `dp_math.DPConfig`), it applies only gradients that the private
+become an `arguments.DPConfig`), it applies only gradients that the private
 train step privatized (`apply_private`, with the Phi the privatizer
 returned), creates the accumulators of gradient accumulation, and adds the DP
 arguments to `get_config`. The Keras hooks it needs to override are in
@@ -20,7 +20,6 @@ from tf_dpadam.optimizers import arguments as arguments_lib
 from tf_dpadam.privatizer import adaptive_clipping
 from tf_dpadam.privatizer import clip_groups
 from tf_dpadam.common import compat
-from tf_dpadam.privatizer import dp_math
 
 _UNSUPPORTED_KWARGS = {
     "loss_scale_factor": "loss scaling is not supported by the DP train step",
@@ -41,7 +40,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     way.
 
     Attributes:
-        dp_config: the `dp_math.DPConfig` (C, sigma, B) that the private train
+        dp_config: the `arguments.DPConfig` (C, sigma, B) that the private train
             step uses for this optimizer.
     """
 
@@ -94,7 +93,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
                 " defaults without target_unclipped_quantile (adaptive"
                 " clipping is off).")
         mapping = isinstance(l2_norm_clip, Mapping)
-        dp_config = dp_math.DPConfig(
+        dp_config = arguments_lib.DPConfig(
             l2_norm_clip=(clip_groups.total_clip_norm(l2_norm_clip.values())
                           if mapping else l2_norm_clip),
             noise_multiplier=dp["noise_multiplier"],

@@ -12,7 +12,9 @@ of Adam's bias-corrected second moment v_hat. The corrected update is
 
         theta <- theta - lr * m_hat / sqrt(max(v_hat - Phi, gamma')).
 
-These functions use `keras.ops` only, so they accept NumPy arrays and tensors
+Phi itself comes with each private gradient from the privatizer
+(`noise.noise_variance_phi`, its one formula); here are the clip factors,
+the norms, gamma' and the corrected direction. These functions use `keras.ops` only, so they accept NumPy arrays and tensors
 alike and carry no Keras state.
 """
 
@@ -20,7 +22,6 @@ import dataclasses
 
 from keras import ops
 
-from tf_dpadam.common import validation
 
 # The fraction of Phi used as gamma' when `epsilon=None`. Both of the paper's
 # settings use gamma' of about 0.04 * Phi (CIFAR-10: Phi = 2.4e-7 and
@@ -29,70 +30,6 @@ DEFAULT_GAMMA_OVER_PHI = 0.04
 # The floor of the default gamma' when Phi is (close to) zero, i.e. without
 # noise; as a floor inside the square root it matches Keras Adam's 1e-7 outside.
 MIN_DEFAULT_GAMMA = 1e-14
-
-
-@dataclasses.dataclass(frozen=True)
-class DPConfig:
-    """The public DP hyperparameters of one privatized step.
-
-    Attributes:
-        l2_norm_clip: C, the bound on each example's gradient L2 norm (global over
-            all trainable variables).
-        noise_multiplier: sigma; the Gaussian noise has std sigma * C.
-        batch_size: B, the denominator. `None` means the number of examples in
-            the step; an int is a public constant (the expected batch size under
-            Poisson sampling, or the logical batch size).
-        accumulation_steps: k, the physical batches that make one step.
-    """
-
-    l2_norm_clip: float
-    noise_multiplier: float
-    batch_size: int | None = None
-    accumulation_steps: int = 1
-
-    def __post_init__(self):
-        validation.check_positive("l2_norm_clip", self.l2_norm_clip)
-        validation.check_non_negative("noise_multiplier", self.noise_multiplier)
-        b = self.batch_size
-        if b is not None:
-            validation.check(validation.is_int(b) and b > 0, "batch_size", b,
-                             "to be None or an int > 0")
-            object.__setattr__(self, "batch_size", int(b))
-        k = self.accumulation_steps
-        validation.check(validation.is_int(k) and k >= 1,
-                         "gradient_accumulation_steps", k,
-                         "to be None or an int >= 1")
-        object.__setattr__(self, "accumulation_steps", int(k))
-        object.__setattr__(self, "l2_norm_clip", float(self.l2_norm_clip))
-        object.__setattr__(self, "noise_multiplier",
-                           float(self.noise_multiplier))
-
-    @property
-    def noise_stddev(self) -> float:
-        """sigma * C, the std of the noise added once to the clipped sum."""
-        return noise_stddev(self.l2_norm_clip, self.noise_multiplier)
-
-    def denominator(self, num_examples):
-        """B: `batch_size` if set, else `num_examples` (the examples in the step)."""
-        if self.batch_size is not None:
-            return self.batch_size
-        return num_examples
-
-
-def noise_stddev(l2_norm_clip, noise_multiplier):
-    """The std of the Gaussian noise added to the sum of clipped gradients."""
-    return noise_multiplier * l2_norm_clip
-
-
-def noise_variance_phi(noise_stddev, denominator):
-    """Phi = (sigma C / B)^2, the noise's bias in E[v_hat], per coordinate:
-    the one formula of Phi (the privatizer returns it with each private
-    gradient). `noise_stddev` is sigma * C (`noise_stddev`), a number or a
-    tensor; a float32 tensor if either is a tensor."""
-    if ops.is_tensor(noise_stddev) or ops.is_tensor(denominator):
-        return ops.square(ops.cast(noise_stddev, "float32")
-                          / ops.cast(denominator, "float32"))
-    return (noise_stddev / denominator) ** 2
 
 
 def default_gamma(phi):

@@ -16,7 +16,6 @@ from typing import Sequence
 import tensorflow as tf
 from keras import ops
 
-from tf_dpadam.privatizer import dp_math
 
 # Secure mode draws each noise value as the sum of this many normals of std
 # stddev / sqrt(count) (the same variance; Holohan & Braghin 2021: a sum of
@@ -109,12 +108,24 @@ def scale(grads: Sequence, denominator) -> list:
 
 
 
+def noise_variance_phi(noise_stddev, denominator):
+    """Phi = (sigma C / B)^2, the variance that noise of std `noise_stddev`
+    (sigma C) adds to each coordinate of the sum divided by B, and so the
+    noise's bias in E[v_hat]: the one formula of Phi, which `privatize`
+    returns with each private gradient. A number, or a float32 tensor if
+    either argument is a tensor."""
+    if ops.is_tensor(noise_stddev) or ops.is_tensor(denominator):
+        return ops.square(ops.cast(noise_stddev, "float32")
+                          / ops.cast(denominator, "float32"))
+    return (noise_stddev / denominator) ** 2
+
+
 def divide(noised: Sequence, noise_stddev, denominator) -> tuple:
     """`(g_tilde, Phi)`: the noised sum divided by B, and
     Phi = (noise_stddev / B)^2, the variance the noise adds to each
-    coordinate of g_tilde (`dp_math.noise_variance_phi`)."""
+    coordinate of g_tilde (`noise_variance_phi`)."""
     return (scale(noised, denominator),
-            dp_math.noise_variance_phi(noise_stddev, denominator))
+            noise_variance_phi(noise_stddev, denominator))
 
 
 def privatize(summed: Sequence, noise_stddev, denominator, seed, share=1.0,
