@@ -116,7 +116,7 @@ class LazyLoadingTest(absltest.TestCase):
 
 def tf_dpadam_version():
     namespace = {}
-    exec((ROOT / "tf_dpadam" / "version.py").read_text(), namespace)  # pylint: disable=exec-used
+    exec((ROOT / "src" / "tf_dpadam" / "version.py").read_text(), namespace)  # pylint: disable=exec-used
     return namespace["__version__"]
 
 

@@ -137,6 +137,11 @@ def logical_step(update: Update, sums) -> None:
     sums.check_hooks(hooks)
     sums.add_from_hooks(hooks, update.variables,
                         clip_norm(optimizer, hooks), optimizer.iterations)
+    observers = [hook for hook in hooks if hook.observes_clean_sum]
+    if observers:
+        clean, count = sums.clean()
+        for hook in observers:
+            hook.before_noise(clean, optimizer.dp_config.denominator(count))
     noise_stddev = optimizer.gradient_noise_stddev()
     for hook in hooks:
         noise_stddev = hook.noise_stddev(noise_stddev)
@@ -146,18 +151,11 @@ def logical_step(update: Update, sums) -> None:
     if sums.unclipped is not None:
         seed, count_seed = noise.split_seed(seed)
 
-    observers = [hook for hook in hooks if hook.observes_clean_sum]
-
-    def observe(clean, count):
-        for hook in observers:
-            hook.before_noise(clean, optimizer.dp_config.denominator(count))
-
     noised, count, unclipped = sums.noised(
         lambda summed, share=1.0: noise.add_noise(
             summed, noise_stddev, seed, share=share,
             secure_mode=update.secure_mode),
-        lambda unclipped: _count_noise(update, unclipped, count_seed),
-        observe if observers else None)
+        lambda unclipped: _count_noise(update, unclipped, count_seed))
     denominator = optimizer.dp_config.denominator(count)
     private_grads, phi = noise.divide(noised, noise_stddev, denominator)
     fraction = None
@@ -186,11 +184,13 @@ class WholeSums:
             self.summed, self.count = hook.add_to_sum(
                 self.summed, self.count, variables, l2_norm_clip, step)
 
-    def noised(self, add_noise, count_noise, observe):
+    def clean(self):
+        """`(sums, count)` without noise (NOT private: for observers)."""
+        return self.summed, self.count
+
+    def noised(self, add_noise, count_noise):
         """`(noised sums (this replica's share), count, noised unclipped
-        counts)`; `observe` (if any) sees the clean sum first."""
-        if observe is not None:
-            observe(self.summed, self.count)
+        counts)`."""
         unclipped = self.unclipped
         if unclipped is not None:
             # Drawn on the first replica and summed over the replicas, so
@@ -222,7 +222,14 @@ class ReplicaCopies:
         # The hooks that support replica accumulation add nothing.
         del hooks, variables, l2_norm_clip, step
 
-    def noised(self, add_noise, count_noise, observe):
+    def clean(self):
+        """`(sums, count)` without noise, all-reduced (NOT private: for
+        observers; an all-reduce of its own, research only)."""
+        *sums, count = replicas.sum_replica_copies(
+            self.strategy, self.accumulator.sums + [self.accumulator.count])
+        return sums, count
+
+    def noised(self, add_noise, count_noise):
         """`(noised sums, count, noised unclipped counts)`, all-reduced."""
         accumulator = self.accumulator
         num_sums = len(accumulator.sums)
@@ -235,13 +242,9 @@ class ReplicaCopies:
                 rest[1] = rest[1] + count_noise(rest[1])
             return noised + rest
 
-        sums = list(accumulator.sums)
         reduced = replicas.sum_replica_copies(
             self.strategy, accumulator.state(), first_replica=first_replica)
         count = reduced[num_sums]
-        if observe is not None:
-            # The clean sum needs an all-reduce of its own (research only).
-            observe(replicas.sum_replica_copies(self.strategy, sums), count)
         unclipped = reduced[num_sums + 1] if adaptive else None
         return reduced[:num_sums], count, unclipped
 
