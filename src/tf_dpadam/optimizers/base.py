@@ -327,7 +327,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
         """Phi = (sigma C / B)^2 of the current (or last) step, as the
         privatizer returned it with the private gradient (a tensor; 0
         before the first step)."""
-        return ops.convert_to_tensor(self._step_phi.value)
+        return tf.convert_to_tensor(self._step_phi.value)
 
 
 # The mixin's own constructor: the DP arguments, and the rest for Keras
