@@ -9,14 +9,25 @@ two inputs, two outputs, sample weights) must
    compiled with `DPAdamCorrected` and its loss, trains two steps of `fit`
    (every model under clipping="auto" in graph mode; a few also under XLA
    and under clipping="vectorized");
-2. be exact: with no noise, B = 1 and a learning rate of 0, the step's
-   clean gradient (`diagnostics=True`) is the sum of the examples' gradients
-   clipped to C, each computed here by a `tf.GradientTape` on a batch of
+2. be exact: the step's clean gradient (`diagnostics=True`: before the
+   noise, times the B it divides by), at the weights the model was built
+   with, is the sum of the examples' gradients clipped to C, each computed
+   here by a `tf.GradientTape` on a batch of
    that one example with Keras' own compiled loss (`compute_loss`: sample
    and loss weights, masks, regularization), clipped in float64, with C at
    the median norm (half of the examples clipped). Random layers draw
    differently in a batch and in one-example tapes, so the exactness part
    builds the models with their dropout and augmentation off.
+
+Both parts are one test per model (`_check`), sharing what they can: a
+model without random layers (`_random_layers`) is built and traced once,
+its reference taken first and the accepted `fit`'s first step (C at the
+median norm, `diagnostics=True`, B times the clean gradient of a
+DPAdamCorrected step that divides by B) compared with it; a model with
+random layers is accepted with them on, then built again without them for
+the exactness part (a DP-SGD step with B = 1 and a learning rate of 0).
+The per-model tracing (the private step, the guard's probes) is most of
+the cost, so a model is traced once per part it needs.
 
 Before issue 50's new guard (at 7f531a6), 19 of the 41 models failed the
 acceptance part: 16 softmax or sigmoid heads with a probability-space loss
@@ -63,10 +74,11 @@ _OTHER_SETTINGS = (
     ("transformer_text", "auto", True),
     ("two_outputs_loss_weights", "auto", True),
     ("mnist_mlp_sparse", "vectorized", False),
-    ("token_classification_masked", "vectorized", False),
     ("cifar_augmented_label_smoothing", "vectorized", False),
     ("bert_classifier_softmax", "vectorized", False),
 )
+# Acceptance and exactness under clipping="vectorized".
+_VECTORIZED = ("token_classification_masked", "two_outputs_loss_weights")
 # The fast tier (about 60 s on 2 busy cores): the issue's heads and one
 # model of a few families; the rest of the corpus (LSTMs and the
 # applications take 1-4 minutes each) is in the slow tier.
@@ -187,48 +199,133 @@ class CorpusTest(parameterized.TestCase):
             private.train_on_batch(x, y)
 
 
-def _accept(test, name, clipping="auto", jit_compile=False):
-    """Two steps of `fit` with the guard on; the weights moved, finite."""
-    case = CORPUS[name]
-    model = case.build()
+def _random_layers(model):
+    """The names of the layers of `model` (nested too) that draw random
+    numbers in training: those holding a `keras.random.SeedGenerator`, but
+    for those whose rates are all 0 (a Dropout's `rate`, set to 0 by
+    `guard_corpus._zero_dropout` too; an LSTM cell's `dropout` and
+    `recurrent_dropout`)."""
+    names = []
+    for layer in model._flatten_layers(  # pylint: disable=protected-access
+            include_self=False, recursive=True):
+        rates = [getattr(layer, attribute)
+                 for attribute in ("rate", "dropout", "recurrent_dropout")
+                 if isinstance(getattr(layer, attribute, None),
+                               (int, float))]
+        if rates and not any(rates):
+            continue
+        if any(isinstance(value, keras.random.SeedGenerator)
+               for value in vars(layer).values()):
+            names.append(layer.name)
+    return names
+
+
+class _FirstStepCleanGradients(keras.callbacks.Callback):
+    """The clean gradient of `fit`'s first step (`diagnostics=True`), read
+    after it, float64."""
+
+    def __init__(self, private):
+        super().__init__()
+        self._private = private
+        self.values = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.values is None:
+            self.values = _float64(self._private.clean_gradients)
+
+
+def _accept(test, case, model, clipping="auto", jit_compile=False,
+            clip=1.0, diagnostics=False):
+    """Two steps of `fit` with the guard on; the weights moved, finite.
+
+    With `diagnostics`, returns the first step's clipped sum (B times its
+    clean gradient: the optimizer divides by B; float64), taken at the
+    weights `model` came with: with C = `clip` it is the exactness part's
+    step, so that a model with no random layer is checked for both on one
+    build and one trace (`fit` samples Poisson batches at q = B / B = 1,
+    every example in each)."""
     x, y, sample_weight = case.data()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # seed=0 warns
-        private = tf_dpadam.make_private(model, seed=0, clipping=clipping)
+        warnings.simplefilter("ignore")  # seed=0 and diagnostics warn
+        private = tf_dpadam.make_private(model, seed=0, clipping=clipping,
+                                         diagnostics=diagnostics)
     test.assertTrue(private.check_independence)
     private.compile(
         optimizer=tf_dpadam.DPAdamCorrected(
-            l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=B,
+            l2_norm_clip=clip, noise_multiplier=1.0, batch_size=B,
             learning_rate=1e-3),
         loss=case.loss, loss_weights=case.loss_weights,
         jit_compile=jit_compile)
+    assert ([v.path for v in private.trainable_variables]
+            == [v.path for v in model.trainable_variables])
     before = _values(model.trainable_variables)
+    first_step = _FirstStepCleanGradients(private)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         private.fit(x, y, sample_weight=sample_weight, batch_size=B,
-                    epochs=2, shuffle=False, verbose=0)
+                    epochs=2, shuffle=False, verbose=0,
+                    callbacks=[first_step] if diagnostics else None)
+    test.assertGreaterEqual(private.independence_guard.checks, 1)
     test.assertEqual(int(private.optimizer.iterations), 2)
     after = _values(model.trainable_variables)
     test.assertTrue(all(np.all(np.isfinite(a)) for a in after))
     test.assertTrue(any(np.any(a != b) for a, b in zip(after, before)))
+    if diagnostics:
+        return [B * g for g in first_step.values]
+    return None
 
 
-def _exactness_error(test, name, clipping="auto"):
-    """The step against clipped one-example tapes; returns the error."""
-    case = CORPUS[name]
-    model = case.build(dropout=0.0)
-    x, y, sample_weight = case.data()
-    grads = one_example_gradients(case, model, x, y, sample_weight)
+def _reference(test, case, model):
+    """The one-example tapes' gradients and C at their median norm (some
+    examples clipped, some not)."""
+    grads = one_example_gradients(case, model, *case.data())
     norms = global_norms(grads)
     clip = float(np.median(norms)) * 1.0001
     test.assertGreater(np.sum(norms > clip), 0)  # some clipped,
     test.assertGreater(np.sum(norms < clip), 0)  # some not
-    got = private_clean_sum(case, model, x, y, sample_weight, clip,
-                            clipping=clipping)
+    return grads, clip
+
+
+# Runs kept for `test_a_wrong_reference_fails`, which reuses its model's.
+_KEPT = ("softmax_sample_weights",)
+_RUNS = {}
+
+
+def _check(test, name, clipping="auto"):
+    """Accepted and exact: returns `(case, model, got, grads, clip,
+    initial)` (`initial`: the weights of the step `got`).
+
+    Accepted: `_accept` on the tutorial's model (its random layers on).
+    Exact: the step against clipped one-example tapes, on the model with
+    its random layers off. A model without random layers is one build for
+    both: its reference is taken first, then the accepted `fit`'s first
+    step is compared with it. A model with random layers is built again
+    without them, and its step is a noise-free DP-SGD step with B = 1 and
+    a learning rate of 0 (`private_clean_sum`)."""
+    if (name, clipping) in _RUNS:
+        return _RUNS[name, clipping]
+    case = CORPUS[name]
+    model = case.build()
+    if _random_layers(model) or not EXACTNESS_CHECKS_INDEPENDENCE:
+        _accept(test, case, model, clipping=clipping)
+        model = case.build(dropout=0.0)
+        test.assertEqual(_random_layers(model), [])
+        initial = _values(model.trainable_variables)
+        grads, clip = _reference(test, case, model)
+        got = private_clean_sum(case, model, *case.data(), clip,
+                                clipping=clipping)
+    else:
+        initial = _values(model.trainable_variables)
+        grads, clip = _reference(test, case, model)
+        got = _accept(test, case, model, clipping=clipping, clip=clip,
+                      diagnostics=True)
     error = relative_error(got, clipped_sum(grads, clip))
     print(f"\n{name} ({clipping}): exactness error {error:.2e}")
     test.assertLess(error, EXACTNESS_TOLERANCE)
-    return error
+    run = (case, model, got, grads, clip, initial)
+    if name in _KEPT:
+        _RUNS[name, clipping] = run
+    return run
 
 
 def _tier(names):
@@ -246,16 +343,22 @@ _SLOW_NAMES = [n for n in CORPUS if n not in _FAST and (
     n not in _HEAVY or os.environ.get("TF_DPADAM_HEAVY_TESTS") == "1")]
 
 
-class AcceptedTest(parameterized.TestCase):
+class AcceptedAndExactTest(parameterized.TestCase):
+    """Each model: accepted (1.) and exact (2.), see the module docstring."""
 
     @parameterized.named_parameters(*_tier(_FAST))
-    def test_trains_with_the_guard_on(self, name):
-        _accept(self, name)
+    def test_accepted_and_exact(self, name):
+        _check(self, name)
 
     @parameterized.named_parameters(*_tier(_SLOW_NAMES))
     @pytest.mark.slow  # 3-30 s a model; LSTMs and applications 2-4 min.
-    def test_trains_with_the_guard_on_slow(self, name):
-        _accept(self, name)
+    def test_accepted_and_exact_slow(self, name):
+        _check(self, name)
+
+    @parameterized.named_parameters(*_tier(_VECTORIZED))
+    @pytest.mark.slow
+    def test_vectorized_accepted_and_exact(self, name):
+        _check(self, name, clipping="vectorized")
 
     @parameterized.named_parameters(
         (f"{name}_{clipping}{'_xla' if jit else ''}", name, clipping, jit)
@@ -263,37 +366,18 @@ class AcceptedTest(parameterized.TestCase):
     @pytest.mark.slow  # XLA compilations and vectorized maps: 5-30 s each.
     def test_trains_with_the_guard_on_other_settings(self, name, clipping,
                                                       jit_compile):
-        _accept(self, name, clipping=clipping, jit_compile=jit_compile)
-
-
-class ExactTest(parameterized.TestCase):
-
-    @parameterized.named_parameters(*_tier(_FAST))
-    def test_step_is_the_clipped_sum_of_one_example_tapes(self, name):
-        _exactness_error(self, name)
-
-    @parameterized.named_parameters(*_tier(_SLOW_NAMES))
-    @pytest.mark.slow
-    def test_step_is_the_clipped_sum_of_one_example_tapes_slow(self, name):
-        _exactness_error(self, name)
-
-    @parameterized.named_parameters(*_tier((
-        "token_classification_masked", "two_outputs_loss_weights")))
-    @pytest.mark.slow
-    def test_vectorized_step_is_exact(self, name):
-        _exactness_error(self, name, clipping="vectorized")
+        case = CORPUS[name]
+        _accept(self, case, case.build(), clipping=clipping,
+                jit_compile=jit_compile)
 
     def test_a_wrong_reference_fails(self):
         # The comparison can fail: a reference that forgets the clip, or
         # the sample weights, is far outside the tolerance.
-        case = CORPUS["softmax_sample_weights"]
-        model = case.build(dropout=0.0)
-        x, y, weights = case.data()
-        grads = one_example_gradients(case, model, x, y, weights)
-        clip = float(np.median(global_norms(grads))) * 1.0001
-        got = private_clean_sum(case, model, x, y, weights, clip)
-        self.assertLess(relative_error(got, clipped_sum(grads, clip)),
-                        EXACTNESS_TOLERANCE)
+        case, model, got, grads, clip, initial = _check(
+            self, "softmax_sample_weights")
+        for variable, value in zip(model.trainable_variables, initial):
+            variable.assign(value)  # Where the step was taken.
+        x, y, _ = case.data()
         unclipped = [sum(example[k] for example in grads)
                      for k in range(len(grads[0]))]
         self.assertGreater(relative_error(got, unclipped),
