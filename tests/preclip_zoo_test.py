@@ -56,8 +56,8 @@ def _median_clip(vectors):
     return clip
 
 
-def _scale_then_privatize(case, rng):
-    """`(optimizer, set_state, expected)` for scale-then-privatize."""
+def _scale_then_privatize_reference(case, rng):
+    """`(velocities, C, expected)` for scale-then-privatize."""
     variables = case.model.trainable_variables
     velocities = [rng.uniform(0.01, 1.0, size=v.shape) ** 4
                   for v in variables]
@@ -70,6 +70,11 @@ def _scale_then_privatize(case, rng):
     vectors = [[g * s for g, s in zip(example, scales)]
                for example in zoo._per_example_gradients(case)]
     clip = _median_clip(vectors)
+    return velocities, clip, _clipped_sum(vectors, clip)
+
+
+def _scale_then_privatize(variables, velocities, clip):
+    """`(optimizer, set_state)` for scale-then-privatize."""
     optimizer = stp.DPAdamScaleThenPrivatize(
         l2_norm_clip=clip, noise_multiplier=0.0, batch_size=1,
         learning_rate=0.0, beta_2=_BETA_2, scale_epsilon=_SCALE_EPSILON)
@@ -78,11 +83,11 @@ def _scale_then_privatize(case, rng):
         for v, velocity in zip(variables, velocities):
             optimizer.moments(v)[1].assign(velocity.astype("float32"))
 
-    return optimizer, set_state, _clipped_sum(vectors, clip)
+    return optimizer, set_state
 
 
-def _disk(case, rng):
-    """`(optimizer, set_state, expected)` for DiSK."""
+def _disk_reference(case, rng):
+    """`(moves, C, expected)` for DiSK."""
     variables = case.model.trainable_variables
     weights = [np.array(v) for v in variables]
     moves = [0.05 * rng.normal(size=v.shape) for v in variables]
@@ -96,6 +101,12 @@ def _disk(case, rng):
     vectors = [[(1 - share) * a + share * b for a, b in zip(x, y)]
                for x, y in zip(here, there)]
     clip = _median_clip(vectors)
+    return moves, clip, _clipped_sum(vectors, clip)
+
+
+def _disk(variables, moves, clip):
+    """`(optimizer, set_state)` for DiSK."""
+    weights = [np.array(v) for v in variables]
     optimizer = disk.DPAdamDiSK(
         l2_norm_clip=clip, noise_multiplier=0.0, batch_size=1,
         learning_rate=0.0, kappa=_KAPPA, gamma=_GAMMA)
@@ -104,11 +115,40 @@ def _disk(case, rng):
         for v, w, move in zip(variables, weights, moves):
             optimizer.state(v)[0].assign((w - move).astype(v.dtype))
 
-    return optimizer, set_state, _clipped_sum(vectors, clip)
+    return optimizer, set_state
 
 
-_OPTIMIZERS = {"scale_then_privatize": _scale_then_privatize,
-               "disk": _disk}
+# name -> (reference, optimizer): the reference gives `(state, C, expected)`
+# of a case, the optimizer `(optimizer, set_state)` from its variables,
+# state and C.
+_OPTIMIZERS = {
+    "scale_then_privatize": (_scale_then_privatize_reference,
+                             _scale_then_privatize),
+    "disk": (_disk_reference, _disk),
+}
+
+# (entry, optimizer) -> (weights before the step, state, C, expected):
+# computed once, its brute force (one-example tapes, twice for DiSK) shared
+# by the cases of the entry and optimizer (clippings, XLA). Every case
+# builds its model afresh; the build is deterministic (seeded), which
+# `_reference` checks on each case's weights.
+_REFERENCES = {}
+
+
+def _reference(name, optimizer_name, case):
+    """`(state, C, expected)` of `case` (the entry `name`), cached."""
+    key = (name, optimizer_name)
+    before = zoo._values(case.model.trainable_variables)
+    if key not in _REFERENCES:
+        reference, _ = _OPTIMIZERS[optimizer_name]
+        # The reference leaves the weights as they were (DiSK's restores
+        # them after its pass at the shifted weights).
+        state, clip, want = reference(case, np.random.default_rng(7))
+        _REFERENCES[key] = (before, state, clip, want)
+    cached, state, clip, want = _REFERENCES[key]
+    for b, c in zip(before, cached):
+        np.testing.assert_array_equal(b, c)
+    return state, clip, want
 
 
 # Scale-then-privatize's ghost norms (`ghost_clipping.blocks`, scale_sq):
@@ -169,8 +209,11 @@ class PreclipZooTest(parameterized.TestCase):
         case = zoo._build(name)
         model = case.model
         before = zoo._values(model.trainable_variables)
-        optimizer, set_state, want = _OPTIMIZERS[optimizer_name](
-            case, np.random.default_rng(7))
+        state, clip, want = _reference(name, optimizer_name, case)
+        for b, a in zip(before, zoo._values(model.trainable_variables)):
+            np.testing.assert_array_equal(a, b)
+        optimizer, set_state = _OPTIMIZERS[optimizer_name][1](
+            model.trainable_variables, state, clip)
         private = tf_dpadam.make_private(model, seed=0, diagnostics=True,
                                          clipping=clipping)
         private.compile(optimizer=optimizer, loss=case.loss,
