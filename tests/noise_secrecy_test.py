@@ -170,12 +170,12 @@ class SecretNoiseTest(parameterized.TestCase):
         _assert_independent(self, first, second)
 
     def test_seeds_are_64_bit_secrets(self):
-        seeds = {seeds.secret_seed() for _ in range(100)}
-        self.assertLen(seeds, 100)
-        self.assertTrue(all(0 <= s < 2**63 for s in seeds))
+        drawn = {seeds.secret_seed() for _ in range(100)}
+        self.assertLen(drawn, 100)
+        self.assertTrue(all(0 <= s < 2**63 for s in drawn))
         # The top bit is used: some of 100 seeds exceed 2**62 (chance of
         # none: 2**-100).
-        self.assertTrue(any(s >= 2**62 for s in seeds))
+        self.assertTrue(any(s >= 2**62 for s in drawn))
 
 
 class SecureModeTest(parameterized.TestCase):

@@ -293,7 +293,10 @@ class GroupedConvolutionTest(parameterized.TestCase):
     @pytest.mark.slow
     def test_without_onednn(self):
         env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0",
-                   TF_CPP_MIN_LOG_LEVEL="2")
+                   TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in (helpers.TESTS_DIR,
+                                   os.environ.get("PYTHONPATH")) if p))
         run = subprocess.run([sys.executable, __file__, "onednn_off_child"],
                              capture_output=True, text=True, timeout=600,
                              check=False, env=env)

@@ -41,6 +41,7 @@ use too).
 
 import functools
 import math
+import sys
 import warnings
 
 from absl import app
@@ -389,8 +390,13 @@ def main(argv):
 
 
 def console_main():
-    """The `tf_dpadam_privacy` console script (pyproject.toml)."""
+    """The `tf_dpadam_privacy` console script (pyproject.toml): its --help
+    shows this module's docstring and flags, as `python -m` does (absl
+    reads both from the main module, here the script)."""
+    sys.modules["__main__"].__doc__ = __doc__
     define_flags()
+    for flag in flags.FLAGS.get_key_flags_for_module(__name__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     run(main)
 
 

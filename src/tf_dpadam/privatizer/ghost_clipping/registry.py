@@ -175,7 +175,7 @@ def register_ghost_rule(layer_class: type, rule: type) -> None:
     A layer with LoRA enabled keeps the LoRA rules.
 
     The rule is trusted: privacy rests on its norms being the per-example
-    gradients' norms. Test it against one-example `tf.GradientTape`s
+    gradients' norms. Test it against one-example gradient tapes
     (docs/guides/layers_and_clipping.md, "Your own layer: a ghost rule").
 
     Registering a class again replaces its rule: the latest registration
