@@ -219,11 +219,13 @@ class SphinxBuildTest(BuiltSite):
         # The reference is generated from the docstrings.
         for name in ("tf_dpadam.make_private", "tf_dpadam.DPAdamCorrected",
                      "tf_dpadam.data.poisson_batches",
-                     "tf_dpadam.sharding.sharded_poisson_batches",
-                     "tf_dpadam.audit.epsilon_lower_bound",
+                     "tf_dpadam.data.sharding.sharded_poisson_batches",
+                     "tf_dpadam.tools.audit.epsilon_lower_bound",
                      "tf_dpadam.privatizer.ghost_clipping.describe",
                      "tf_dpadam.layers.WSConv2D",
-                     "tf_dpadam.diagnostics.MomentDiagnostics"):
+                     "tf_dpadam.tools.diagnostics.MomentDiagnostics",
+                     "tf_dpadam.register_ghost_rule",
+                     "tf_dpadam.accounting.accountants.register_accountant"):
             self.assertIn(f'id="{name}"', api, name)
 
     def test_every_relative_link_resolves_in_the_site(self):
