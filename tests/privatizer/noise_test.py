@@ -21,12 +21,13 @@ class NoiseTest(absltest.TestCase):
         # No noise, no bias.
         self.assertEqual(noise.noise_variance_phi(0.0, 8), 0.0)
 
-    def test_privatize_returns_the_gradient_and_its_phi(self):
+    def test_divide_returns_the_gradient_and_its_phi(self):
         summed = [tf.zeros((400, 500)), tf.ones((3,))]
         seed = tf.constant([1, 2], tf.int64)
-        grads, phi = noise.privatize(summed, 0.6, 12.0, seed)
+        grads, phi = noise.divide(noise.add_noise(summed, 0.6, seed), 0.6,
+                                  12.0)
         self.assertAlmostEqual(float(phi), 0.0025, places=8)
-        # Value out: the same draw as add_noise then the division by B.
+        # Value out: the noised sum divided by B, nothing else.
         expected = noise.scale(noise.add_noise(summed, 0.6, seed), 12.0)
         for got, want in zip(grads, expected):
             np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -230,7 +230,7 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
             trainable_variables: the variables they belong to.
             phi: Phi = (sigma C / B)^2, the variance that the noise adds to
                 each coordinate of `grads`, as the privatizer returned it
-                (`privatizer.noise.privatize`).
+                (`privatizer.noise.divide`).
             unclipped_fraction: with adaptive clipping, the privatized
                 fraction b_tilde of unclipped examples per group (`[G]`);
                 C moves after the update.

@@ -5,7 +5,7 @@ per-example gradients (or what ghost clipping needs to get their norms),
 it clips each to C, sums, adds N(0, (sigma C)^2 I) once and divides by the
 public denominator B, and returns the private gradient together with
 Phi = (sigma C / B)^2, the variance its noise adds to each coordinate
-(`noise.privatize`). The optimizers consume that pair.
+(`noise.add_noise`, then `noise.divide`). The optimizers consume that pair.
 
 - `dp_math`: the paper's formulas (clip factors, Phi, gamma').
 - `clipping`: per-example gradients by a vectorized map, clipped and summed.

@@ -1,12 +1,12 @@
 """Phases 3 and 4 of the DP step: Gaussian noise, once, then division by B.
 
-`privatize` is the privatizer's output, value in, value out: the clipped
-sum in, the private gradient g_tilde = (sum + z) / B and
-Phi = (sigma C / B)^2 out, z ~ N(0, (sigma C)^2 I) drawn from TensorFlow's
-Philox generator keyed by a `seeds.NoiseSeeds` draw. (`add_noise` and
-`divide` are its two halves, for sums whose noise is added before an
-all-reduce.) Phi comes from the very std and B used here, so the optimizers
-never compute it themselves. Everything is float32: only the private
+The privatizer's output, value in, value out: `add_noise` adds
+z ~ N(0, (sigma C)^2 I) once to the clipped sum, drawn from TensorFlow's
+Philox generator keyed by a `seeds.NoiseSeeds` draw (before the all-reduce
+of the replicas' sums, where there is one); `divide` returns the private
+gradient g_tilde = (sum + z) / B with Phi = (sigma C / B)^2. Phi comes
+from the very std and B used here, so the optimizers never compute it
+themselves. Everything is float32: only the private
 gradient is cast to each variable's dtype, by the optimizer
 (post-processing).
 """
@@ -111,7 +111,7 @@ def scale(grads: Sequence, denominator) -> list:
 def noise_variance_phi(noise_stddev, denominator):
     """Phi = (sigma C / B)^2, the variance that noise of std `noise_stddev`
     (sigma C) adds to each coordinate of the sum divided by B, and so the
-    noise's bias in E[v_hat]: the one formula of Phi, which `privatize`
+    noise's bias in E[v_hat]: the one formula of Phi, which `divide`
     returns with each private gradient. A number, or a float32 tensor if
     either argument is a tensor."""
     if ops.is_tensor(noise_stddev) or ops.is_tensor(denominator):
@@ -126,12 +126,3 @@ def divide(noised: Sequence, noise_stddev, denominator) -> tuple:
     coordinate of g_tilde (`noise_variance_phi`)."""
     return (scale(noised, denominator),
             noise_variance_phi(noise_stddev, denominator))
-
-
-def privatize(summed: Sequence, noise_stddev, denominator, seed, share=1.0,
-              secure_mode: bool = False) -> tuple:
-    """`(g_tilde, Phi)` of a clipped sum: noise once (`add_noise`, whose
-    arguments these are), divide by B (`divide`)."""
-    noised = add_noise(summed, noise_stddev, seed, share=share,
-                       secure_mode=secure_mode)
-    return divide(noised, noise_stddev, denominator)

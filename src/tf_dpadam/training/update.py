@@ -18,8 +18,8 @@
 
 Every logical step then takes the one path of `logical_step`: the hooks'
 additions (audit canaries), B, the noise of std sigma * C drawn once, the
-privatizer's `noise.privatize` (private gradient and Phi, value in, value
-out), the optimizer's `apply_private`. Only where the sums live differs,
+privatizer's `noise.add_noise` and `noise.divide` (private gradient and
+Phi, value in, value out), the optimizer's `apply_private`. Only where the sums live differs,
 in two small classes: `WholeSums` (every replica holds the whole sums; the
 first replica adds the noise and each hands 1/R to Keras, which adds them)
 and `ReplicaCopies` (case 3: the noise is added to the copy of the replica
