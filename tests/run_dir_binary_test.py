@@ -12,8 +12,9 @@ setting (N = 256, B = 16, a few steps); run A has sigma = 1.5.
 * A without its checkpoints: before, the run started over and overwrote
   the ledger. With the flag it starts over counting A's steps.
 
-The kills (steps after the last checkpoint) are research/tests/
-run_dir_kill_test.py's.
+A resume takes --learning_rate if given (else the checkpoint's), and its
+bar counts the epochs of the whole run (`ResumeTest`). The kills (steps
+after the last checkpoint) are research/tests/run_dir_kill_test.py's.
 """
 
 import os
@@ -28,6 +29,7 @@ import dp_accounting
 import pytest
 from absl.testing import absltest
 
+import tf_dpadam
 from tf_dpadam.tools import run_dir
 from tf_dpadam.tools import run_ledger
 from tf_dpadam.accounting import ledger as ledger_lib
@@ -150,6 +152,43 @@ class ResumeRefusalsTest(absltest.TestCase):
         self.assertEqual(steps, 3)
         self.assertAlmostEqual(epsilon, pld_epsilon(3), delta=5e-4)
         self.assertGreater(epsilon, printed(self.a_stdout)[1])
+
+
+def epoch_lines(stdout):
+    """`(k, N)` of every `Epoch k/N` line Keras' bar wrote."""
+    return [(int(k), int(n)) for k, n in
+            re.findall(r"^Epoch (\d+)/(\d+)$", stdout, re.M)]
+
+
+def learning_rate(model_dir):
+    """The learning rate of `model_dir`'s checkpoint's optimizer."""
+    assert tf_dpadam.PrivateModel  # Registers tf_dpadam's Keras classes.
+    model = run_dir.load_checkpoint(model_dir)
+    return float(model.optimizer.learning_rate.numpy())
+
+
+@absltest.skipUnless(os.path.isdir(FASHION_MNIST), "needs Debian's files")
+class ResumeTest(absltest.TestCase):
+    """Issue 52: a resume took the checkpoint's learning rate whatever
+    --learning_rate said, and its bar counted to each `fit` call's last
+    epoch (`Epoch 2/2` then `Epoch 3/3` in a run of 3)."""
+
+    def test_learning_rate_and_epochs_of_the_whole_run(self):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        flags = (f"--model_dir={model_dir}", f"--noise_multiplier={SIGMA}")
+        train_image(*flags, "--max_steps=1")
+        self.assertEqual(learning_rate(model_dir), 4.0)  # dpsgd's default.
+        # Steps 2 to 5 by --eval_every=2: fit calls of epochs of 1, 2 and 1
+        # steps (each length its own call); epochs 1 to 3 of 3.
+        stdout, _ = train_image(*flags, "--max_steps=5", "--learning_rate=0.5")
+        self.assertEqual(printed(stdout)[0], 5)
+        self.assertEqual(epoch_lines(stdout), [(1, 3), (2, 3), (3, 3)])
+        self.assertEqual(learning_rate(model_dir), 0.5)
+        # Not given: the checkpoint's, not the default.
+        stdout, _ = train_image(*flags, "--max_steps=6")
+        self.assertEqual(printed(stdout)[0], 6)
+        self.assertEqual(epoch_lines(stdout), [(3, 3)])
+        self.assertEqual(learning_rate(model_dir), 0.5)
 
 
 if __name__ == "__main__":

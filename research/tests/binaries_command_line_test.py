@@ -61,6 +61,11 @@ USAGE_ERRORS = [
     ("research.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
     ("research.train_text", ["--finetune_blocks=-1"],
      "Expected finetune_blocks=-1 >= 0 (0: every block)"),
+    # No network here: a preset name (no folder) cannot be downloaded.
+    ("research.train_text",
+     [f"--data_dir={_EMPTY_DIR}", "--preset=bert_tiny_en_uncased"],
+     "--preset=bert_tiny_en_uncased: no such folder, and keras-hub cannot"
+     " download it (no network"),
     ("research.reproduce", ["--learning_rates_dpsgd=0.1,fast"],
      "--learning_rates_dpsgd=['0.1', 'fast']: Expected"
      " learning_rates_dpsgd='fast' to be a number"),

@@ -144,8 +144,10 @@ class ProgressTest(absltest.TestCase):
         self.assertEqual(results["steps"], 5)
         self.assertEqual(re.findall(r"^(\d+/\d+) - ", output.getvalue(), re.M),
                          ["2/2", "2/2", "1/1"])
+        # Every line counts to the run's last epoch, across the fit calls
+        # (Keras': "Epoch 1/2", "Epoch 2/2", "Epoch 3/3"; issue 52).
         self.assertEqual(re.findall(r"^Epoch \d+/\d+", output.getvalue(), re.M),
-                         ["Epoch 1/2", "Epoch 2/2", "Epoch 3/3"])
+                         ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"])
         scalars = _tensorboard_scalars(os.path.join(log_dir, "train"))
         self.assertEqual([s for s, _ in scalars["batch_epsilon"]],
                          [1, 2, 3, 4, 5])
@@ -398,6 +400,30 @@ class RunDirTest(parameterized.TestCase):
                 steps=5, num_examples=64, batch_size=16,
                 noise_multiplier=1.0, delta=1e-5,
                 accountant=common.ACCOUNTANT), places=9)
+
+    def test_a_resume_takes_the_learning_rate_asked_for(self):
+        # Issue 52: a resume kept the checkpoint's learning rate, whatever
+        # --learning_rate said; and its bar counted to each fit's last epoch.
+        model_dir = tempfile.mkdtemp()
+        self.fit(model_dir, eval_every=2)  # lr 1e-3, steps 1-2: epoch 1.
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            results = training.fit_private(
+                _tiny_model, self.data, self.data, research_helpers.
+                train_config(epochs=5 * 16 / 64, model_dir=model_dir), _LOSS,
+                validate=False, verbose=2, learning_rate=0.25)
+        self.assertEqual(results["steps"], 5)
+        checkpoint = keras.models.load_model(
+            os.path.join(model_dir, runs.CHECKPOINT))
+        self.assertEqual(float(checkpoint.optimizer.learning_rate), 0.25)
+        # Steps 3-4 and 5: two fit calls, epochs 2 and 3 of 3.
+        self.assertEqual(re.findall(r"^Epoch (\d+/\d+)$", output.getvalue(),
+                                    re.M), ["2/3", "3/3"])
+        # None (no --learning_rate): the checkpoint's, not the config's.
+        self.fit(model_dir, epochs=6 * 16 / 64)
+        checkpoint = keras.models.load_model(
+            os.path.join(model_dir, runs.CHECKPOINT))
+        self.assertEqual(float(checkpoint.optimizer.learning_rate), 0.25)
 
     def test_damaged_checkpoint_falls_back_to_the_earlier_one(self):
         model_dir = tempfile.mkdtemp()

@@ -453,6 +453,28 @@ class ResumeLearningRateTest(absltest.TestCase):
         self.assertNotIn("\n", str(error.exception))
 
 
+class ResumedTest(absltest.TestCase):
+
+    def test_holds_the_folder_and_loads_with_the_learning_rate(self):
+        model_dir = tempfile.mkdtemp()
+        with run_dir.resumed(model_dir, 0.001) as model:
+            self.assertIsNone(model)  # No checkpoint yet.
+            self.assertTrue(os.path.exists(os.path.join(model_dir,
+                                                        run_dir.TRAIN_LOCK)))
+        _train(model_dir, 1)  # learning_rate=0.01.
+        with run_dir.resumed(model_dir) as model:  # None: the checkpoint's.
+            self.assertAlmostEqual(float(model.optimizer.learning_rate), 0.01)
+        with run_dir.resumed(model_dir, 0.001) as model:
+            self.assertAlmostEqual(float(model.optimizer.learning_rate),
+                                   0.001)
+            with self.assertRaisesRegex(run_dir.SettingsError,
+                                        "another process is training"):
+                with run_dir.hold(model_dir):
+                    pass
+        with run_dir.resumed(None, 0.001) as model:  # No run folder.
+            self.assertIsNone(model)
+
+
 class ProgressBarTest(absltest.TestCase):
 
     def test_epochs_count_to_the_runs_last_across_fit_calls(self):

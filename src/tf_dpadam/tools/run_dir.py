@@ -26,14 +26,16 @@ must neither lose its checkpoint nor misstate its epsilon:
   `RunLedger.epsilon` is the model's: the composition of every step taken.
 * A resume keeps the checkpoint's optimizer; `resume_learning_rate` gives
   it the learning rate asked for (no privacy setting), and `ProgressBar`
-  counts the epochs of the whole run across `fit` calls.
+  counts the epochs of the whole run across `fit` calls. `resumed` holds
+  the folder and loads its checkpoint with that learning rate.
 
 A typical loop::
 
-    with run_dir.hold(model_dir):
-        model = run_dir.load_checkpoint(model_dir) or build_and_compile()
+    with run_dir.resumed(model_dir, learning_rate) as model:
+        model = model or build_and_compile()  # None: no checkpoint yet.
         ledger = run_dir.begin_ledger(model_dir, settings, model)
-        model.fit(..., callbacks=[run_dir.AtomicCheckpoint(model_dir, ledger)])
+        model.fit(..., callbacks=[run_dir.AtomicCheckpoint(model_dir, ledger),
+                                  run_dir.ProgressBar(epochs)])
         epsilon = ledger.epsilon()
 """
 
@@ -344,6 +346,30 @@ def load_checkpoint(model_dir: str) -> keras.Model | None:
             " earlier checkpoint loads; remove it to start the run over, or"
             " use another --model_dir.")
     return None
+
+
+@contextlib.contextmanager
+def resumed(model_dir: str | None,
+            learning_rate: float | None = None
+            ) -> Iterator[keras.Model | None]:
+    """Holds `model_dir` (`hold`) and yields the model of its checkpoint
+    (`load_checkpoint`) with the `learning_rate` asked for
+    (`resume_learning_rate`; None: the checkpoint's), or None if it holds
+    no checkpoint yet. A `model_dir` of None (no run folder) holds nothing
+    and yields None.
+
+    Raises:
+        SettingsError: as `hold`, `load_checkpoint` and
+            `resume_learning_rate` do, before any step.
+    """
+    if not model_dir:
+        yield None
+        return
+    with hold(model_dir):
+        model = load_checkpoint(model_dir)
+        if model is not None:
+            resume_learning_rate(model, learning_rate)
+        yield model
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):
