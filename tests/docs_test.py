@@ -371,6 +371,7 @@ class CodeBlocksTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "closing"):
             python_blocks("```python\na = 1\n")
 
+    @pytest.mark.slow
     def test_a_failing_block_fails_with_its_file_and_line(self):
         text = "Intro.\n\n```python\nx = 1\n```\n\n```python\nx / 0\n```\n"
         try:

@@ -45,6 +45,7 @@ def run(*args, timeout=120):
 
 class HelpTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_help_of_the_examples_takes_little_cpu(self):
         for name in EXAMPLES:
             done, cpu, _ = run("-m", f"examples.{name}", "--help")
@@ -52,6 +53,7 @@ class HelpTest(absltest.TestCase):
                           done.stdout, name)
             self.assertLessEqual(cpu, MAX_CPU_SECONDS, name)
 
+    @pytest.mark.slow
     def test_privacy_command_line_takes_little_cpu(self):
         for args in (["--help"], [
                 "--num_examples=60000", "--batch_size=256",

@@ -401,6 +401,7 @@ class GuardMissesTest(parameterized.TestCase):
             self.assertEqual(verdict.clipping_used, "vectorized", str(verdict))
         self.assert_refused_or_bounded(verdict)
 
+    @pytest.mark.slow
     def test_transposed_batch_axis_under_vectorized_clipping_is_exact(self):
         # The way out the refusal names: one-example passes, no false alarm.
         verdict = transposed_verdict(clipping="vectorized")

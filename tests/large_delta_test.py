@@ -138,6 +138,7 @@ class PrivacyBudgetLargeDeltaTest(parameterized.TestCase):
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, 10))
         self.assertTrue(math.isfinite(epsilon))
 
+    @pytest.mark.slow
     def test_silent_for_a_small_delta(self):
         model = _model()
         x, y = _data()

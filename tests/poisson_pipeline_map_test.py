@@ -17,6 +17,7 @@ label 0), and standardizing by the batch's statistics moves every row.
 the same intents through `map_examples` or the data's weights measure <= C.
 """
 
+import pytest
 import time
 
 from absl.testing import absltest
@@ -113,6 +114,7 @@ def _private(accumulation_steps=None):
 class UserMapTest(parameterized.TestCase):
 
     @parameterized.named_parameters(*USER_MAPS.items())
+    @pytest.mark.slow
     def test_measured_above_c_and_refused(self, user_map):
         start = time.time()
         data = _data()
@@ -137,6 +139,7 @@ class UserMapTest(parameterized.TestCase):
         self.assertEqual(int(model.optimizer.iterations), 0)
         self.assertLess(time.time() - start, 20)
 
+    @pytest.mark.slow
     def test_every_user_function_on_poisson_batches_is_found(self):
         batches = tf_dpadam.data.poisson_batches(
             _data(), expected_batch_size=B)
@@ -174,6 +177,7 @@ class UserMapTest(parameterized.TestCase):
 
 class MapExamplesTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_the_issues_intents_through_map_examples_measure_at_most_c(self):
         # Each map of the issue, done the way the refusal names: weights
         # carried (a map of x and y only), class weights in the data,
@@ -246,6 +250,7 @@ class MapExamplesTest(parameterized.TestCase):
                 rtol=1e-6, atol=1e-6)
             np.testing.assert_array_equal(my.numpy(), y.numpy() + 1)
 
+    @pytest.mark.slow
     def test_fit_accounts_map_examples_as_poisson(self):
         batches = tf_dpadam.data.poisson_batches(
             _data(), expected_batch_size=B, physical_batch_size=8)

@@ -17,6 +17,7 @@ features, Poisson batches at q = B / N drawn by `fit`, a few hundred steps
 ledger's steps, all the model's fits together.
 """
 
+import pytest
 from unittest import mock
 
 from absl.testing import absltest
@@ -102,6 +103,7 @@ def _run(budget, model, steps=STEPS, epochs=1):
 
 class PldPerStepTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_batch_logs_exact_at_multiples_upper_bound_between(self):
         accounting_epsilon.epsilon_at_rate.cache_clear()
         ledger_lib.epsilon_of.cache_clear()
@@ -130,6 +132,7 @@ class PldPerStepTest(parameterized.TestCase):
         self.assertEqual(budget.epsilon, exact[250])
         self.assertEqual(model.spent_epsilon(DELTA), exact[250])
 
+    @pytest.mark.slow
     def test_logs_never_exceed_the_target_in_one_fit_or_two(self):
         # max_steps = 150 lies between two multiples: the logs' bound stops
         # there, so the progress bar never shows more than the budget.
@@ -168,6 +171,7 @@ class PldPerStepTest(parameterized.TestCase):
         self.assertEqual(epoch_end, target)
         self.assertGreater(_exact(331), target)
 
+    @pytest.mark.slow
     def test_rdp_stays_exact_at_every_step(self):
         budget = tf_dpadam.PrivacyBudget(delta=DELTA, verbose=0,
                                          accountant="rdp")
@@ -177,6 +181,7 @@ class PldPerStepTest(parameterized.TestCase):
                                    delta=1e-12)
         self.assertEqual(epoch_end, logged[-1])
 
+    @pytest.mark.slow
     def test_short_fits_log_exact_epsilons(self):
         # At most pld_log_every batches in the fit (2 epochs of 10): exact
         # at every batch (each a PLD composition of its own, so few).

@@ -42,6 +42,11 @@ import tensorflow as tf
 import tf_dpadam
 from tf_dpadam.training import model_ledger
 
+# Each row trains and refits real models (3-20 s a row on 2 busy cores);
+# the ledger's fast tests are tests/accounting/ledger_test.py and
+# tests/training/model_ledger_test.py.
+pytestmark = pytest.mark.slow
+
 DELTA = 1e-5
 SIGMA = 1.0
 # Printed and honest epsilons are both PLD epsilons of the same kind of
@@ -329,7 +334,6 @@ class PrivacyLedgerRecipesTest(parameterized.TestCase):
     def test_row_5_poisson_batches_repeat_take(self):
         self.check_row_5()
 
-    @pytest.mark.slow
     def test_row_5_poisson_batches_repeat_take_with_privacy_budget(self):
         # The same with PrivacyBudget logging. In a fit of at most
         # `pld_log_every` batches it computes the exact epsilon at every

@@ -6,6 +6,7 @@ with Keras); importing it after Keras binds them at once. Each case runs in
 a fresh interpreter, since this one has TensorFlow loaded already.
 """
 
+import pytest
 import os
 import pathlib
 import subprocess
@@ -30,6 +31,7 @@ def run_python(source):
 
 class LazyLoadingTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_import_loads_no_tensorflow_until_a_name_is_used(self):
         self.assertEqual(run_python("""
             import sys
@@ -47,6 +49,7 @@ class LazyLoadingTest(absltest.TestCase):
         """), ["False False", tf_dpadam_version(), "False", "DPAdamCorrected",
                "[]", "True"])
 
+    @pytest.mark.slow
     def test_a_module_of_all_loads_alone(self):
         self.assertEqual(run_python("""
             import sys
@@ -54,6 +57,7 @@ class LazyLoadingTest(absltest.TestCase):
             print(tf_dpadam.accounting.__name__, "tensorflow" in sys.modules)
         """), ["tf_dpadam.accounting False"])
 
+    @pytest.mark.slow
     def test_a_stage_module_imported_first_loads(self):
         # Its Keras import must not load every public name while the module
         # itself is half-made (a circular ImportError before the fix).
@@ -66,6 +70,7 @@ class LazyLoadingTest(absltest.TestCase):
                 print(tf_dpadam.make_private.__name__)
             """), ["make_private"], module)
 
+    @pytest.mark.slow
     def test_after_keras_every_name_is_bound_at_import(self):
         self.assertEqual(run_python("""
             import keras
@@ -73,6 +78,7 @@ class LazyLoadingTest(absltest.TestCase):
             print(sorted(set(tf_dpadam.__all__) - set(vars(tf_dpadam))))
         """), ["[]"])
 
+    @pytest.mark.slow
     def test_keras_imported_later_loads_them_for_load_model(self):
         # import tf_dpadam, then keras, then load a saved private model
         # without naming anything of tf_dpadam: its classes are registered.
@@ -93,6 +99,7 @@ class LazyLoadingTest(absltest.TestCase):
             print(type(keras.models.load_model(path)).__name__)
         """), ["True", "PrivateModel"])
 
+    @pytest.mark.slow
     def test_a_name_set_before_the_loading_stays(self):
         # As a test's patch: `tf_dpadam.calibrate_steps = fake`, then a use.
         self.assertEqual(run_python("""

@@ -5,6 +5,7 @@ registered here (a toy) must be accepted everywhere the built-in ones are,
 and the built-in objects must give the numbers the names gave before.
 """
 
+import pytest
 import os
 import subprocess
 import sys
@@ -181,6 +182,7 @@ class ToyAccountantTest(absltest.TestCase):
                 ValueError, r"in \('rdp', 'pld', 'toy'\)\.$"):
             accounting.get_accountant("prv")
 
+    @pytest.mark.slow
     def test_epsilon_and_calibrations(self):
         self.assert_same_as_rdp(accounting.epsilon_after_steps, **OPACUS)
         self.assert_same_as_rdp(accounting.calibrate_steps,
@@ -202,6 +204,7 @@ class ToyAccountantTest(absltest.TestCase):
         self.assert_same_as_rdp(ledger.max_more_steps, mechanism=mechanism,
                                 target_epsilon=6.0, delta=DELTA)
 
+    @pytest.mark.slow
     def test_command_line_accepts_it(self):
         # The flags are defined once a process: a fresh one defines them
         # after registering the toy.

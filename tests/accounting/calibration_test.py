@@ -1,5 +1,6 @@
 """Tests of tf_dpadam.accounting.calibration: steps and noise multiplier for a target epsilon."""
 
+import pytest
 import contextlib
 import io
 import re
@@ -109,6 +110,7 @@ class CalibrateNoiseMultiplierTest(parameterized.TestCase):
         self.assertLessEqual(eps(sigma), target)
         self.assertGreater(eps(0.99 * sigma), target)
 
+    @pytest.mark.slow
     def test_prints_and_logs_nothing(self):
         # Probing sigma = 0.5 at q = 0.04 makes dp-accounting's series for
         # a few low fractional orders fail to converge; it excludes those
@@ -181,6 +183,7 @@ class BoundedTest(parameterized.TestCase):
         self.assertLessEqual(eps, target)
         self.assertGreater(_eps(steps + 1, "pld", **MNIST_SIGMA_6), target)
 
+    @pytest.mark.slow
     def test_pld_steps_past_its_limit_is_an_error_not_a_stall(self):
         # q = 1, sigma = 1: 1,000 steps would be 533,000 points; the answer
         # below that is found, one past it cannot be checked.
@@ -208,6 +211,7 @@ class BoundedTest(parameterized.TestCase):
         ("one_step_of_large_epsilon", dict(target_epsilon=30.0, steps=1),
          "the smallest that the PLD accountant accounts"),
     )
+    @pytest.mark.slow
     def test_noise_multiplier_extremes(self, kwargs, message):
         setting = dict(num_examples=60000, batch_size=256, delta=DELTA)
         for accountant in ("pld", "rdp"):
@@ -233,6 +237,7 @@ class BoundedTest(parameterized.TestCase):
                 target_epsilon=1e12, num_examples=60000, batch_size=256,
                 steps=1, delta=DELTA, accountant="rdp")
 
+    @pytest.mark.slow
     def test_shuffled_batches_are_bounded_too(self):
         setting = dict(num_examples=60000, batch_size=256, delta=DELTA,
                        sampling="shuffled")

@@ -196,6 +196,7 @@ class ReportTest(parameterized.TestCase):
             privacy_cli.report(epochs=60, **setting) + "\n\n"
             + privacy_cli.steps_report(target_epsilon=7.0, **setting))
 
+    @pytest.mark.slow
     def test_calibrated_noise_multiplier_with_steps_and_pld(self):
         text = privacy_cli.report(
             num_examples=10000, batch_size=100, steps=300, target_epsilon=1.0,

@@ -5,6 +5,7 @@ here from the segments' description (not `Ledger.dp_event`), with the
 package's PLD discretization (1e-3) or RDP orders.
 """
 
+import pytest
 import math
 
 from absl.testing import absltest
@@ -64,6 +65,7 @@ class EpsilonTest(parameterized.TestCase):
                                           name), places=9)
 
     @parameterized.parameters("pld", "rdp")
+    @pytest.mark.slow
     def test_poisson_segments_at_two_rates_compose(self, name):
         # 32 steps on 256 rows, then 128 steps on 4,096 rows (issue 49).
         ledger = _ledger((Mechanism.poisson(1.0, 256, 16), 32),
@@ -87,6 +89,7 @@ class EpsilonTest(parameterized.TestCase):
         self.assertAlmostEqual(ledger.epsilon(DELTA, name), expected,
                                places=6)
 
+    @pytest.mark.slow
     def test_every_step_segments_each_a_participation(self):
         # 10 fits of 1 step on the same rows: 10 Gaussian mechanisms.
         ledger = _ledger(*[(Mechanism.passes(1.0, 32), 1)] * 10)
@@ -138,6 +141,7 @@ class EpsilonTest(parameterized.TestCase):
                          (Mechanism.poisson(0.0, 256, 16), 1))
         self.assertEqual(ledger.epsilon(DELTA), math.inf)
 
+    @pytest.mark.slow
     def test_epsilon_grows_with_every_segment_and_step(self):
         mechanisms = [Mechanism.poisson(1.0, 512, 32),
                       Mechanism.passes(1.0, 16), Mechanism.every_step(3.0),
@@ -172,6 +176,7 @@ class MaxMoreStepsTest(parameterized.TestCase):
 
 class SizeLimitTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_past_the_pld_limit_rdp_and_still_growing(self):
         # 1 / sqrt(T) falls below the PLD's smallest multiplier (0.0667)
         # between T = 224 and 225: the RDP's epsilon, larger, takes over.

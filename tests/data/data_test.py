@@ -57,6 +57,7 @@ class PoissonBatchesTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("padded", None), ("dynamic", 1), ("multiple_of_4", 4)
     )
+    @pytest.mark.slow
     def test_inclusion_rate_reachability_and_padding(self, multiple):
         n, b = 400, 40
         x = np.arange(n, dtype="float32")[:, None] + 1.0

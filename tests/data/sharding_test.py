@@ -5,6 +5,7 @@ as `strategy.distribute_datasets_from_function` would; multi_worker_test.py
 trains on them with two real worker processes.
 """
 
+import pytest
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
@@ -55,6 +56,7 @@ class ShardedPoissonBatchesTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("two_workers", 2, 1), ("three_workers_of_two_replicas", 3, 2)
     )
+    @pytest.mark.slow
     def test_the_union_is_poisson_over_all_examples(self, workers, local):
         num_examples, batch, steps = 1000, 50, 300
         q = batch / num_examples

@@ -173,6 +173,7 @@ class _IndexedTfds(tfds.core.GeneratorBasedBuilder):
 class SamplerTest(absltest.TestCase):
     """The law of `poisson_subset` and `uniform_subset`."""
 
+    @pytest.mark.slow
     def test_poisson_subset_is_independent_bernoulli_per_example(self):
         # All 2^5 subsets of 5 examples: P(S = s) = q^|s| (1 - q)^(5 - |s|).
         n, q, draws = 5, 0.3, 40_000

@@ -88,6 +88,7 @@ class LockstepTest(parameterized.TestCase):
     # Dense model) and the vectorized map.
     @parameterized.product(clip=(0.05, 100.0),
                            clipping=("auto", "vectorized"))
+    @pytest.mark.slow
     def test_noise_free_steps(self, clip, clipping):
         x, y = stp_test._batch()
         model = stp_test._dense_model()
@@ -102,6 +103,7 @@ class LockstepTest(parameterized.TestCase):
         self.assertEqual(private.clipping_used,
                          "ghost" if clipping == "auto" else "vectorized")
 
+    @pytest.mark.slow
     def test_noisy_steps_filter_the_private_gradient(self):
         features, outputs, n, clip, sigma = 64, 32, 16, 0.5, 2.0
         x, y = stp_test._batch(n, features, outputs)
@@ -197,6 +199,7 @@ class AugmultTest(parameterized.TestCase):
 
 class ApiTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_disk_on_ghost_clipping(self):
         # A second pass at the shifted weights: ghost clipping where every
         # rule's blocks come from its records (a Dense model) ...

@@ -8,6 +8,7 @@ registered optimizer shows the full signature, and the built-in ones keep
 the `get_config` keys they had before the DP arguments were declared once.
 """
 
+import pytest
 import inspect
 import os
 import subprocess
@@ -202,6 +203,7 @@ class RegistryTest(parameterized.TestCase):
 
 class WithoutKerasTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_the_names_load_without_keras(self):
         # What a binary's --help does: no Keras, no TensorFlow.
         code = ("import sys\n"

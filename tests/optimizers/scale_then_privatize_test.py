@@ -148,6 +148,7 @@ class LockstepTest(parameterized.TestCase):
     @parameterized.product(clip=(0.05, 100.0),
                            clipping=("ghost", "vectorized"),
                            normalize=(True, False))
+    @pytest.mark.slow
     def test_noise_free_steps(self, clip, clipping, normalize):
         x, y = _batch()
         model = _dense_model()
@@ -161,6 +162,7 @@ class LockstepTest(parameterized.TestCase):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
         self.assertEqual(private.clipping_used, clipping)
 
+    @pytest.mark.slow
     def test_noisy_steps_unscale_the_private_gradient(self):
         # The noise is drawn in the scaled space (std sigma C / B per
         # coordinate) and divided by s before Adam: NumPy follows the
@@ -188,6 +190,7 @@ class LockstepTest(parameterized.TestCase):
 
 
     @parameterized.parameters(True, False)
+    @pytest.mark.slow
     def test_second_moment_keeps_the_noise_scale(self, normalize):
         # Noise-dominated steps (sigma C / B per coordinate in the scaled
         # space; the clipped signal adds at most C^2 / d = 1e-6 Phi to the

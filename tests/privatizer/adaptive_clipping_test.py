@@ -175,6 +175,7 @@ class MathTest(parameterized.TestCase):
 
 class LockstepTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_clip_norm_follows_numpy_ghost(self):
         self.check_clip_norm_follows_numpy("ghost")
 

@@ -71,6 +71,7 @@ class ConvolutionTest(helpers.GhostLockstepMixin, parameterized.TestCase):
             self.assert_lockstep(model, x, y, jit=jit,
                                  dynamic_batch=dynamic_batch)
 
+    @pytest.mark.slow
     def test_conv_chunks_under_xla_hold_no_padded_copies(self):
         # A slice with a dynamic start and size -1 made XLA pad the sliced
         # tensor to twice its size in every dimension (16x an output

@@ -33,6 +33,7 @@ class DenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assert_kinds(model, dense="ghost")
         self.assert_lockstep(model, x, y, jit=jit)
 
+    @pytest.mark.slow
     def test_dense_long_sequence_uses_ghost_norm(self):
         # T^2 = 400 < d p = 32 * 24: the ghost norm, not materialized.
         model = helpers.sequential(

@@ -1,5 +1,6 @@
 """The fallback rule: layers without a ghost rule, exact by a vectorized map."""
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -14,6 +15,7 @@ import helpers
 
 class FallbackTest(helpers.GhostLockstepMixin, parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_unsupported_layers_are_fallback_units(self):
 
         class Scale(keras.layers.Layer):

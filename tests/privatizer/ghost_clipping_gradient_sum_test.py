@@ -308,6 +308,7 @@ class ShiftedPassTest(parameterized.TestCase):
           for k in ("ghost", "fallback", "lora", "standardized")],
         *[dict(weight=0.857, kind=k, jit=True)
           for k in ("lora", "standardized")])
+    @pytest.mark.slow
     def test_matches_per_example_gradients_at_both_points(self, weight, kind,
                                                           jit):
         model = self._model(kind)

@@ -263,6 +263,7 @@ class GroupedConvolutionTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         (f"{case}_{clipping}", case, clipping) for case, clipping in STEPS)
+    @pytest.mark.slow
     def test_private_step_matches_brute_force(self, case, clipping):
         result = private_step_errors(case, clipping)
         self.assertEqual(result["path"], "ghost (Conv)")
@@ -277,6 +278,7 @@ class GroupedConvolutionTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("conv2d", "conv2d_groups4_strided_valid"),
         ("conv1d", "conv1d_groups2_causal"))
+    @pytest.mark.slow
     def test_reference_is_the_keras_model(self, case):
         if ONEDNN_OFF:
             self.skipTest("no grouped-convolution gradient without oneDNN")

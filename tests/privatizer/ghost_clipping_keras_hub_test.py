@@ -179,6 +179,7 @@ class ReversibleEmbeddingTest(helpers.GhostLockstepMixin,
         x[:, 4:] = 0  # padding, masked in the pooling
         self.assert_lockstep(model, x, helpers.normal((_B, 3), seed=1))
 
+    @pytest.mark.slow
     def test_tied_regularizer(self):
         model, x = _reversible(embeddings_regularizer="l2")
         self.assert_lockstep(model, x, _next_ids(x), loss=_SCCE)
@@ -220,6 +221,7 @@ class BackboneTest(helpers.GhostLockstepMixin, parameterized.TestCase):
                           position_embedding="ghost (PositionEmbedding)")
         self.assert_lockstep(model, x, _next_ids(x), loss=_SCCE)
 
+    @pytest.mark.slow
     def test_mixed_precision_forward_is_the_layers(self):
         # The recorded forward computes what the layers compute (dtypes
         # and values), under a float16 policy.

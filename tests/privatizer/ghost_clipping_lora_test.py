@@ -78,6 +78,7 @@ class LoraDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assert_kinds(model, lora="ghost (Dense with LoRA)")
         self.assert_lockstep(model, x, y, mask=mask)
 
+    @pytest.mark.slow
     def test_regularized_factors_under_xla(self):
         # Keras gives the factors the kernel's regularizer.
         layer = keras.layers.Dense(6, activation="tanh", name="lora",
@@ -128,6 +129,7 @@ class LoraEinsumDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         self.assert_kinds(model, lora="ghost (EinsumDense with LoRA)")
         self.assert_lockstep(model, x, y)
 
+    @pytest.mark.slow
     def test_masked_examples_regularized(self):
         layer = keras.layers.EinsumDense(
             "abc,dc->abd", (3, 4), activation="tanh", name="lora",
@@ -139,6 +141,7 @@ class LoraEinsumDenseTest(helpers.GhostLockstepMixin, parameterized.TestCase):
         mask = np.array([0, 1, 1, 0, 1, 1, 1, 1], "float32")
         self.assert_lockstep(model, x, y, mask=mask)
 
+    @pytest.mark.slow
     def test_long_sequence_uses_ghost_norms(self):
         # T = 12: the A block of "abc,cde->abde" is [16, 3 heads * rank 4]
         # (d p = 192 > T^2) and takes the ghost norm; B's ([4, 5] at T * 3

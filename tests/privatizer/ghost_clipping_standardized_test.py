@@ -88,6 +88,7 @@ class StandardizedConvolutionTest(helpers.GhostLockstepMixin,
                           group_norm="ghost (GroupNormalization)")
         self.assert_lockstep(model, x, y, jit=jit)
 
+    @pytest.mark.slow
     def test_chunked_norms(self):
         # A batch larger than one chunk of patches: the norms come from
         # several chunks (tf.map_fn) of the scaled output gradients.

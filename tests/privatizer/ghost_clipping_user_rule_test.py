@@ -1,6 +1,7 @@
 """A user's layer with a user's ghost rule, through
 `tf_dpadam.register_ghost_rule`, against one-example tapes."""
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -163,6 +164,7 @@ class UserRuleTest(parameterized.TestCase):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7,
                                        err_msg=variable.path)
 
+    @pytest.mark.slow
     def test_a_private_step_takes_the_rule(self):
         tf_dpadam.register_ghost_rule(ScaledDense, ScaledDenseRule)
         model = _model((4,))
@@ -178,6 +180,7 @@ class UserRuleTest(parameterized.TestCase):
         helpers.assert_update(model.trainable_variables, before,
                               [-w / helpers.BATCH for w in want])
 
+    @pytest.mark.slow
     def test_a_layer_that_draws_needs_the_rule(self):
         # Its dropout keeps it from the fallback (whose per-example replay
         # would draw other masks).

@@ -1,5 +1,6 @@
 """The vectorized path against ghost clipping on a multi-output model."""
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -20,6 +21,7 @@ _SCCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 class VectorizedClippingTest(parameterized.TestCase):
     """Ghost clipping of a `make_private` model = its vectorized path."""
 
+    @pytest.mark.slow
     def test_matches_private_model_per_example_path(self):
         keras.utils.set_random_seed(0)
         inputs = keras.Input((6,))

@@ -196,6 +196,7 @@ def test_no_noise_break_is_the_noise_free_step():
                   ).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_no_clipping_break_is_plain_sgd_on_the_mean_gradient():
     x, y = helpers.classification_data(8)
     # C = 1e-3 clips every example of the real privatizer.
@@ -212,6 +213,7 @@ def test_no_clipping_break_is_plain_sgd_on_the_mean_gradient():
                   ).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_break_none_changes_nothing_and_bad_breaks_are_refused():
     x, y = helpers.classification_data(8)
     model = private_mlp()

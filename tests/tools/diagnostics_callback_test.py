@@ -60,6 +60,7 @@ class CleanGradientTest(parameterized.TestCase):
         ("vectorized", "vectorized", 1),
         ("ghost_accumulated", "ghost", 2),
     )
+    @pytest.mark.slow
     def test_clean_gradient_is_the_clipped_mean(self, clipping, steps):
         base = mlp(seed=1)
         x, y = classification_data(8, seed=2)
@@ -99,6 +100,7 @@ class MomentsTest(parameterized.TestCase):
         ("corrected", tf_dpadam.DPAdamCorrected, 1),
         ("corrected_accumulated", tf_dpadam.DPAdamCorrected, 2),
     )
+    @pytest.mark.slow
     def test_without_noise_clean_and_private_moments_coincide(self, cls,
                                                               steps):
         model = _private(mlp(seed=3), seed=0)
@@ -131,6 +133,7 @@ class MomentsTest(parameterized.TestCase):
         self.assertGreater(np.abs(first.m_clean).max(), 1e-3)
         self.assertFalse(np.allclose(first.v_clean, last.v_clean))
 
+    @pytest.mark.slow
     def test_with_noise_private_second_moment_exceeds_clean_by_phi(self):
         # 41 * 80 = 3,280 coordinates, 5 steps. Per coordinate
         # v^p - v^c = avg_t (2 g_t z_t / B + z_t^2 / B^2) (bias-corrected,
@@ -193,6 +196,7 @@ class DefaultAndSerializationTest(absltest.TestCase):
         )
         return model
 
+    @pytest.mark.slow
     def test_default_is_off_silent_and_adds_nothing(self):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -336,6 +336,7 @@ class FixTest(parameterized.TestCase):
         self.assertLen(fixed.trainable_variables,
                        len(model.trainable_variables) - 2)
 
+    @pytest.mark.slow
     def test_the_input_model_is_not_changed(self):
         model = _conv_model()
         layers = list(model.layers)

@@ -67,6 +67,7 @@ class PerExampleGradientNormsTest(parameterized.TestCase):
         for b, a in zip(before, helpers.numpy_values(model.weights)):
             np.testing.assert_array_equal(a, b)
 
+    @pytest.mark.slow
     def test_padding_rows_are_left_out(self):
         x, y = helpers.classification_data(6)
         model = helpers.mlp()

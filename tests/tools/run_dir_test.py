@@ -188,6 +188,7 @@ class LedgerTest(absltest.TestCase):
         self.assertEqual(model.privacy_ledger,
                          run_dir.load_checkpoint(self.base).privacy_ledger)
 
+    @pytest.mark.slow
     def test_steps_reserved_after_the_checkpoint_are_counted(self):
         # A process killed 2 steps after its last checkpoint.
         model_dir = self.copy()
@@ -204,6 +205,7 @@ class LedgerTest(absltest.TestCase):
         self.assertEqual(_record(model_dir)["ledger"],
                          model.privacy_ledger.to_json())
 
+    @pytest.mark.slow
     def test_every_step_is_reserved_before_it_runs(self):
         model_dir = tempfile.mkdtemp()
         seen = []
@@ -246,6 +248,7 @@ class LedgerTest(absltest.TestCase):
             self.resume(model_dir, count_all_steps=True).privacy_ledger.steps,
             3)
 
+    @pytest.mark.slow
     def test_a_ledger_without_its_checkpoints_is_refused(self):
         model_dir = self.copy()
         for name in (run_dir.CHECKPOINT, run_dir.PREVIOUS_CHECKPOINT):
@@ -257,6 +260,7 @@ class LedgerTest(absltest.TestCase):
         self.assertEqual(model.privacy_ledger.steps, 4)
         self.assertEqual(int(model.optimizer.iterations), 1)
 
+    @pytest.mark.slow
     def test_a_checkpoint_saved_before_the_ledger_is_refused(self):
         model_dir = self.copy()
         # As a file of a tf_dpadam before the ledger loads: 3 steps of its
@@ -275,6 +279,7 @@ class LedgerTest(absltest.TestCase):
         self.assertEqual(_record(model_dir)["ledger"],
                          model.privacy_ledger.to_json())
 
+    @pytest.mark.slow
     def test_a_killed_first_process_is_counted_not_refused(self):
         model_dir = tempfile.mkdtemp()
         with run_dir.hold(model_dir):
@@ -382,6 +387,7 @@ class WriteFailureTest(absltest.TestCase):
         self.assertIn(f"Cannot write {path} ({os.strerror(code)},"
                       f" {errno.errorcode[code]})", message)
 
+    @pytest.mark.slow
     def test_a_full_disk_at_a_checkpoint_leaves_the_last_one(self):
         model_dir = tempfile.mkdtemp()
         model, ledger = _train(model_dir, 1)
@@ -423,6 +429,7 @@ class WriteFailureTest(absltest.TestCase):
 class ResumeLearningRateTest(absltest.TestCase):
     """Issue 52: --learning_rate on a resume was silently the checkpoint's."""
 
+    @pytest.mark.slow
     def test_a_resume_takes_the_learning_rate_asked_for(self):
         model_dir = tempfile.mkdtemp()
         _train(model_dir, 1)  # learning_rate=0.01.
@@ -477,6 +484,7 @@ class ResumedTest(absltest.TestCase):
 
 class ProgressBarTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_epochs_count_to_the_runs_last_across_fit_calls(self):
         # Issue 52: Keras logged "Epoch 2/2" then "Epoch 3/3".
         model = _tiny_private_model()
@@ -495,6 +503,7 @@ class ProgressBarTest(absltest.TestCase):
 
 class CheckpointTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_save_keeps_the_previous_and_load_falls_back(self):
         model_dir = tempfile.mkdtemp()
         self.assertIsNone(run_dir.load_checkpoint(model_dir))

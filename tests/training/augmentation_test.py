@@ -224,6 +224,7 @@ class AugmultTest(parameterized.TestCase):
                    zip(_values(base.trainable_variables), start)]
             self.assert_update(got, want)
 
+    @pytest.mark.slow
     def test_one_view_is_augmenting_the_inputs(self):
         # K = 1 with an augmentation is the step without augmult on the
         # augmented inputs.
@@ -243,6 +244,7 @@ class AugmultTest(parameterized.TestCase):
         for a, b in zip(*results):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
+    @pytest.mark.slow
     def test_poisson_batches_with_accumulation(self):
         # One logical step of Poisson-sampled, padded physical batches,
         # accumulated: against the brute force over the sampled examples,
@@ -284,6 +286,7 @@ class AugmultTest(parameterized.TestCase):
         self.assert_update(
             [-np.array(c, "float64") for c in private.clean_gradients], want)
 
+    @pytest.mark.slow
     def test_keras_preprocessing_layers_in_fit(self):
         keras.utils.set_random_seed(0)
         base = keras.Sequential([
@@ -354,6 +357,7 @@ class AugmultTest(parameterized.TestCase):
             private.train_on_batch(x, y)
         self.assertEqual(int(private.optimizer.iterations), 0)
 
+    @pytest.mark.slow
     def test_save_and_load_keras_layer(self):
         keras.utils.set_random_seed(0)
         base = keras.Sequential([keras.Input((4, 4, 1)), layers.Flatten(),

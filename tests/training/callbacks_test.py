@@ -16,6 +16,7 @@ discretization 1e-3, as tf_dpadam's) on the composed events where the
 ledger composes several mechanisms.
 """
 
+import pytest
 import contextlib
 import io
 import math
@@ -158,6 +159,7 @@ def _iterations(model):
 
 class PrivacyBudgetTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_epsilon_in_history_and_later_callbacks(self):
         # Two budgets in one fit, RDP then PLD: the logs dict is shared in
         # list order, so each callback sees the epsilon of the last budget
@@ -244,6 +246,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
             " sampling of the same data (fit's default on in-memory data)"
             f" would give {_eps(16):.4g}.", printed)
 
+    @pytest.mark.slow
     def test_user_pipeline_accounts_every_step_and_uses_batch_size(self):
         # A tf.data pipeline of the user's: nothing says which rows a batch
         # holds, so each of the 8 steps is a Gaussian mechanism on every
@@ -298,6 +301,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
             _fit(model, [budget], epochs=1)
         self.assertEqual(_ledger_steps(model), 0)
 
+    @pytest.mark.slow
     def test_loss_scale_wrapper_is_looked_through(self):
         # Under "mixed_float16" Keras wraps the DP optimizer in a
         # LossScaleOptimizer at compile; the private model applies float32
@@ -386,6 +390,7 @@ class PrivacyBudgetTest(parameterized.TestCase):
 class BudgetOfTheModelTest(absltest.TestCase):
     """Issue 49: the budget is the model's ledger's, not one fit's."""
 
+    @pytest.mark.slow
     def test_target_epsilon_across_a_recompile(self):
         target = _eps(13)
         model = _private_model()
@@ -418,6 +423,7 @@ class BudgetOfTheModelTest(absltest.TestCase):
         self.assertEqual(_ledger_steps(model), 13)
         self.assertEqual(budget.epsilon, _eps(13))
 
+    @pytest.mark.slow
     def test_resume_from_saved_model_continues_the_ledger(self):
         model = _private_model()
         target = _eps(30)
@@ -450,6 +456,7 @@ class BudgetOfTheModelTest(absltest.TestCase):
         self.assertEqual(budget.max_steps, 30)
         self.assertEqual(_ledger_steps(model), 16)  # The original's own.
 
+    @pytest.mark.slow
     def test_epsilon_never_decreases_across_fits(self):
         # Poisson on all 64 examples (q = 1/8), then Poisson on a subset of
         # 32 (q = 1/4), then shuffled fixed batches of all 64: each fit's
@@ -501,6 +508,7 @@ class BudgetOfTheModelTest(absltest.TestCase):
 class BudgetAcrossRestartsTest(absltest.TestCase):
     """Issue 34: the budget holds whatever the callback order."""
 
+    @pytest.mark.slow
     def test_stops_exactly_at_max_steps_and_backup_takes_no_step(self):
         # eps(T) is strictly increasing, so the budget eps(13) allows exactly
         # 13 steps: one epoch of 8 and 5 steps of the second. Then the same
@@ -540,6 +548,7 @@ class BudgetAcrossRestartsTest(absltest.TestCase):
         self.assertEqual(budget.epsilon, _eps(13))
         self.assertLessEqual(budget.epsilon, target)
 
+    @pytest.mark.slow
     def test_budget_counts_a_restored_ledger_of_another_sampling(self):
         # Run 1: one epoch of shuffled fixed batches (8 steps, one Gaussian
         # mechanism of multiplier sigma on every example), backed up. Run 2:

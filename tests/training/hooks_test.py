@@ -1,5 +1,6 @@
 """`StepHooks`: what the train step shows and asks a registered hook."""
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -71,6 +72,7 @@ def _private_model(noise_multiplier, seed=0):
 
 class StepHooksTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_hooks_see_the_phases_in_order(self):
         model = _private_model(noise_multiplier=1.0)
         hooks = RecordingHooks()
@@ -93,6 +95,7 @@ class StepHooksTest(absltest.TestCase):
             np.allclose(c.numpy() / 8.0, g.numpy())
             for c, g in zip(hooks.clean, hooks.private)))
 
+    @pytest.mark.slow
     def test_a_hook_can_change_the_noise(self):
         model = _private_model(noise_multiplier=1.0)
 

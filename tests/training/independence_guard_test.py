@@ -8,6 +8,7 @@ first guard missed), guard_corpus_test (models shaped like keras.io's and
 keras-hub's, none refused, each step exact).
 """
 
+import pytest
 import warnings
 
 import keras
@@ -94,6 +95,7 @@ def _dataset(steps, seed=1):
 
 class ScheduleTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_first_call_only_at_rate_zero(self):
         private = _private(_model(), rate=0.0)
         private.fit(_dataset(4), verbose=0)
@@ -101,6 +103,7 @@ class ScheduleTest(parameterized.TestCase):
         private.fit(_dataset(4), verbose=0)
         self.assertEqual(private.independence_guard.checks, 1)
 
+    @pytest.mark.slow
     def test_every_call_at_rate_one(self):
         private = _private(_model(), rate=1.0)
         private.fit(_dataset(4), verbose=0)
@@ -112,6 +115,7 @@ class ScheduleTest(parameterized.TestCase):
                          independence.CHECK_RATE)
         self.assertEqual(independence.CHECK_RATE, 0.01)
 
+    @pytest.mark.slow
     def test_checked_again_after_compile_with_another_loss(self):
         private = _private(_model(), rate=0.0)
         private.fit(_dataset(2), verbose=0)
@@ -123,6 +127,7 @@ class ScheduleTest(parameterized.TestCase):
         private.fit(_dataset(2), verbose=0)
         self.assertEqual(private.independence_guard.checks, 2)
 
+    @pytest.mark.slow
     def test_a_later_mixing_step_is_refused_when_checked(self):
         # The layer mixes from its 3rd training call on: the first check
         # passes; at rate 1 a later call is checked and refused before it
@@ -137,6 +142,7 @@ class ScheduleTest(parameterized.TestCase):
         unchecked.fit(_dataset(6), verbose=0)
         self.assertEqual(int(unchecked.optimizer.iterations), 6)
 
+    @pytest.mark.slow
     def test_changed_trainable_weights_warn_once(self):
         model = _model()
         private = _private(model, rate=0.0)
@@ -156,6 +162,7 @@ class ScheduleTest(parameterized.TestCase):
 class CheckingChangesNothingTest(parameterized.TestCase):
 
     @parameterized.parameters(False, True)
+    @pytest.mark.slow
     def test_weights_equal_with_and_without_checks(self, jit_compile):
         # Dropout, noise and a check at every call: the guard restores
         # every random state, so the trajectory is the unchecked one.
@@ -182,6 +189,7 @@ class CheckingChangesNothingTest(parameterized.TestCase):
 class WhatTheOutputsDoNotShowTest(parameterized.TestCase):
 
     @parameterized.parameters(("auto", False), ("ghost", True))
+    @pytest.mark.slow
     def test_a_gradient_that_mixes_is_refused(self, clipping, jit_compile):
         # ReZero around batch centering: at 0 the outputs and the losses
         # are per-example, the scale's gradient is not.
@@ -192,6 +200,7 @@ class WhatTheOutputsDoNotShowTest(parameterized.TestCase):
                 ".*zero-initialized scale"):
             private.train_on_batch(*_data())
 
+    @pytest.mark.slow
     def test_vectorized_rezero_is_private_and_accepted(self):
         # On the vectorized path each example's gradient is that of a batch
         # of one, where the centered h is 0: nothing mixes, nothing is
@@ -200,6 +209,7 @@ class WhatTheOutputsDoNotShowTest(parameterized.TestCase):
         private.train_on_batch(*_data())
         self.assertEqual(private.independence_guard.checks, 1)
 
+    @pytest.mark.slow
     def test_one_example_batches_warn_and_check_later(self):
         private = _private(_model())
         x, y = _data()
@@ -210,6 +220,7 @@ class WhatTheOutputsDoNotShowTest(parameterized.TestCase):
         private.train_on_batch(x, y)
         self.assertEqual(private.independence_guard.checks, 1)
 
+    @pytest.mark.slow
     def test_probability_heads_are_checked_as_values(self):
         # The false alarm of the first guard: Keras computes a probability
         # loss from the logits hidden on a softmax's output, which copies

@@ -19,6 +19,10 @@ import tf_dpadam
 
 import helpers
 
+# Saves and reloads LoRA models (12-22 s each on 2 busy cores); LoRA's
+# fast tests are in tests/privatizer/ghost_clipping_lora_test.py.
+pytestmark = pytest.mark.slow
+
 _LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 _LENGTH = 6
 _BATCH = 8
@@ -67,7 +71,6 @@ class LoraStateTest(absltest.TestCase):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
 
-    @pytest.mark.slow
     def test_resume_from_saved_model_equals_uninterrupted(self):
         for build, data in ((_lora_bert, _data()),
                             (_lora_mlp, helpers.classification_data(

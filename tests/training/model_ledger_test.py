@@ -6,6 +6,7 @@ are in privacy_ledger_recipes_test.py; here: what the train step counts
 the audit's breaks, and `class_weight` under Poisson sampling.
 """
 
+import pytest
 import os
 import tempfile
 
@@ -51,6 +52,7 @@ class CountingTest(parameterized.TestCase):
         ("steps_per_execution", dict(steps_per_execution=3), {}),
         ("accumulation", {}, dict(gradient_accumulation_steps=2)),
     )
+    @pytest.mark.slow
     def test_counts_each_logical_step_once(self, compiled, optimizer):
         model = _model(**compiled, **optimizer)
         x, y = _data()
@@ -68,6 +70,7 @@ class CountingTest(parameterized.TestCase):
                              noise_multiplier=SIGMA, delta=DELTA,
                              accountant="pld"))
 
+    @pytest.mark.slow
     def test_train_on_batch_is_any_batch(self):
         model = _model()
         x, y = _data()
@@ -77,6 +80,7 @@ class CountingTest(parameterized.TestCase):
         self.assertEqual((segment.mechanism.sampling, segment.steps),
                          ("every_step", 3))
 
+    @pytest.mark.slow
     def test_each_fit_opens_a_segment(self):
         model = _model()
         x, y = _data()
@@ -85,6 +89,7 @@ class CountingTest(parameterized.TestCase):
         self.assertEqual([s.steps for s in model.privacy_ledger.segments],
                          [2, 3])
 
+    @pytest.mark.slow
     def test_wrapping_the_same_model_again_keeps_the_ledger(self):
         # Its weights carry what the first wrapper spent.
         model = _model()
@@ -94,6 +99,7 @@ class CountingTest(parameterized.TestCase):
         self.assertEqual(again.privacy_ledger, model.privacy_ledger)
         self.assertEqual(again.privacy_ledger.steps, 3)
 
+    @pytest.mark.slow
     def test_a_broken_privatizer_is_recorded_without_noise(self):
         model = _model()
         x, y = _data()
@@ -109,6 +115,7 @@ class CountingTest(parameterized.TestCase):
 
 class StoresTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_get_config_and_from_config_carry_it(self):
         model = _model()
         x, y = _data()
@@ -119,6 +126,7 @@ class StoresTest(absltest.TestCase):
         again = type(model).from_config(config)
         self.assertEqual(again.privacy_ledger, model.privacy_ledger)
 
+    @pytest.mark.slow
     def test_loading_an_earlier_file_never_lowers_it(self):
         model = _model()
         x, y = _data()
@@ -132,6 +140,7 @@ class StoresTest(absltest.TestCase):
         self.assertEqual(model.privacy_ledger.steps, 5)
         self.assertEqual(model.spent_epsilon(DELTA), spent)
 
+    @pytest.mark.slow
     def test_a_store_without_a_ledger_is_flagged(self):
         model = _model()
         x, y = _data()
@@ -167,6 +176,7 @@ class ClassWeightTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"class_weight.*\[2\]"):
             private_fit.class_weighted(y, None, {0: 1.0, 1: 2.0})
 
+    @pytest.mark.slow
     def test_poisson_fit_equals_the_same_sample_weights(self):
         x, y = _data()
         weights = {0: 0.5, 1: 3.0}

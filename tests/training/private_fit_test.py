@@ -193,6 +193,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(45, B))
         self._check_poisson(counts, 45, B / 45, sampled_rows=45)
 
+    @pytest.mark.slow
     def test_poisson_batches_dataset(self):
         batches = tf_dpadam.data.poisson_batches(
             (_ids(), _targets()), expected_batch_size=B)
@@ -214,6 +215,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self.assertEqual(model.sampling_plan, plans.PoissonPlan(N, B))
         self._check_poisson(counts, N, B / N)
 
+    @pytest.mark.slow
     def test_poisson_batches_reshuffled_are_not_poisson(self):
         # Unbatched and batched anew: the steps are no longer the samples.
         batches = tf_dpadam.data.poisson_batches(
@@ -239,6 +241,7 @@ class PoissonPathsTest(parameterized.TestCase):
         self.assertIsNone(sampling_lib.poisson_plan_of(
             split.dataset.take(3)))
 
+    @pytest.mark.slow
     def test_poisson_batches_from_source(self):
         rows = list(zip(_ids(), _targets()))
         batches = tf_dpadam.data.poisson_batches_from_source(
@@ -313,25 +316,30 @@ class FixedPathsTest(parameterized.TestCase):
         return (tf.data.Dataset.from_tensor_slices((_ids(), _targets()))
                 .shuffle(N, seed=0).batch(B))
 
+    @pytest.mark.slow
     def test_shuffled_arrays_opt_out(self):
         model, counts, _ = self._fit(_ids(), _targets(), batch_size=B,
                                      sampling="shuffled")
         self._check_passes(counts, 3)
         self.assertEqual(model.sampling_plan.batches_per_pass, N // B)
 
+    @pytest.mark.slow
     def test_dataset(self):
         _, counts, _ = self._fit(self._dataset())
         self._check_passes(counts, 3)
 
+    @pytest.mark.slow
     def test_py_dataset(self):
         _, counts, _ = self._fit(_Sequence(_ids(), _targets(), B))
         self._check_passes(counts, 3)
 
+    @pytest.mark.slow
     def test_generator(self):
         _, counts, _ = self._fit(_generator(_ids(), _targets(), B),
                                  steps_per_epoch=N // B)
         self._check_passes(counts, 3)
 
+    @pytest.mark.slow
     def test_epsilon_composes_the_passes(self):
         # fit's own shuffled batches: each epoch one pass over the data.
         model, _, budget = self._fit(_ids(), _targets(), batch_size=B,
@@ -363,6 +371,7 @@ class FixedPathsTest(parameterized.TestCase):
                                  steps_per_epoch=4)
         self.assertAlmostEqual(budget.epsilon, _passes_epsilon(4), places=9)
 
+    @pytest.mark.slow
     def test_start_line_compares_with_poisson(self):
         model = _probe(noise_multiplier=SIGMA)
         budget = tf_dpadam.PrivacyBudget(delta=DELTA, accountant="rdp")

@@ -136,6 +136,7 @@ class MakePrivateTest(parameterized.TestCase):
         for eager_graph, xla in zip(*results):
             np.testing.assert_allclose(eager_graph, xla, rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_loss_metric_is_mean_per_example_loss(self):
         base = helpers.mlp()
         model = tf_dpadam.make_private(base)
@@ -215,6 +216,7 @@ class RefusalTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "deep_bn"):
             tf_dpadam.make_private(outer)
 
+    @pytest.mark.slow
     def test_frozen_batch_normalization_is_allowed_until_unfrozen(self):
         bn = keras.layers.BatchNormalization(name="frozen_bn")
         base = keras.Sequential([keras.Input((6,)), bn, keras.layers.Dense(3)])
@@ -361,6 +363,7 @@ class SerializationTest(parameterized.TestCase):
         for a, b in zip(helpers.numpy_values(model.weights), helpers.numpy_values(loaded.weights)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
+    @pytest.mark.slow
     def test_compile_builds_the_optimizer_of_a_built_model(self):
         # Creating the optimizer's variables in the first train step would
         # make tf.function trace that step twice.
@@ -374,6 +377,7 @@ class SerializationTest(parameterized.TestCase):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, sampling="shuffled")
         self.assertEqual(int(model.optimizer.iterations), 4)
 
+    @pytest.mark.slow
     def test_loaded_base_model_is_still_refused_without_wrapper(self):
         model = tf_dpadam.make_private(helpers.mlp())
         model.compile(

@@ -91,6 +91,7 @@ class NoGradientPathTest(parameterized.TestCase):
         for got, want in zip(_weights(model), before):
             np.testing.assert_array_equal(got, want)
 
+    @pytest.mark.slow
     def test_refused_under_xla_too(self):
         model = _private(_base("cast"), jit_compile=True)
         x, y = _data()
@@ -149,6 +150,7 @@ class NoGradientPathTest(parameterized.TestCase):
 class NothingTrainableTest(parameterized.TestCase):
 
     @parameterized.parameters(False, True)
+    @pytest.mark.slow
     def test_logs_the_loss_as_keras_does(self, run_eagerly):
         keras.utils.set_random_seed(0)
         base = _base("plain")
