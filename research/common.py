@@ -7,6 +7,7 @@ number of steps and the epsilon spent. The flags that fill it are in
 """
 
 import dataclasses
+import inspect
 import math
 
 import tf_dpadam
@@ -149,11 +150,19 @@ def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
     )
 
 
+# The config's update-rule fields, each passed to the optimizers whose
+# constructor takes it (DPSGD: momentum; the Adams: beta_1, beta_2,
+# epsilon; DP-AdamBC also phi).
+RULE_FIELDS = ("momentum", "beta_1", "beta_2", "epsilon", "phi")
+
+
 def make_optimizer(config, accumulation_steps=1):
     """The tf_dpadam optimizer that `config` names (a name of the
-    optimizers' registry; an unknown one is a ValueError)."""
-    registry.optimizer_class(config.optimizer)
-    common = dict(
+    optimizers' registry; an unknown one is a ValueError), with the DP
+    arguments and those of `RULE_FIELDS` its constructor takes."""
+    optimizer_class = registry.optimizer_class(config.optimizer)
+    accepted = inspect.signature(optimizer_class).parameters
+    return optimizer_class(
         l2_norm_clip=config.l2_norm_clip,
         noise_multiplier=config.noise_multiplier,
         batch_size=config.batch_size,
@@ -164,19 +173,8 @@ def make_optimizer(config, accumulation_steps=1):
         weight_decay=config.weight_decay or None,
         use_ema=config.ema,
         ema_momentum=config.ema_momentum,
-    )
-    if config.optimizer == "dpsgd":
-        return tf_dpadam.DPSGD(momentum=config.momentum, **common)
-    adam = dict(beta_1=config.beta_1, beta_2=config.beta_2, **common)
-    if config.optimizer == "dpadam":
-        return tf_dpadam.DPAdam(epsilon=config.epsilon, **adam)
-    if config.optimizer == "dpadam_stp":
-        return tf_dpadam.DPAdamScaleThenPrivatize(epsilon=config.epsilon,
-                                                  **adam)
-    if config.optimizer == "dpadam_disk":
-        return tf_dpadam.DPAdamDiSK(epsilon=config.epsilon, **adam)
-    return tf_dpadam.DPAdamCorrected(
-        epsilon=config.epsilon, phi=config.phi, **adam
+        **{name: getattr(config, name) for name in RULE_FIELDS
+           if name in accepted},
     )
 
 

@@ -54,6 +54,23 @@ class MakeOptimizerTest(absltest.TestCase):
             if name in common.KERAS_ADAM_EPSILON:
                 self.assertEqual(optimizer.epsilon, 1e-8)
 
+    def test_the_update_rule_fields_reach_the_optimizer(self):
+        base = common.base_config("fashion_mnist", target_epsilon=7.0)
+        sgd = common.make_optimizer(dataclasses.replace(
+            base, optimizer="dpsgd", momentum=0.5))
+        self.assertEqual(sgd.get_config()["momentum"], 0.5)
+        adam = common.make_optimizer(dataclasses.replace(
+            base, optimizer="dpadam_corrected", beta_1=0.8, beta_2=0.99,
+            epsilon=1e-9, phi=0.25))
+        config = adam.get_config()
+        self.assertEqual((config["beta_1"], config["beta_2"],
+                          config["epsilon"], config["phi"]),
+                         (0.8, 0.99, 1e-9, 0.25))
+        # DP-Adam takes no phi: the field is not passed (no TypeError).
+        plain = common.make_optimizer(dataclasses.replace(
+            base, optimizer="dpadam", beta_2=0.99, epsilon=1e-8, phi=0.25))
+        self.assertEqual(plain.get_config()["beta_2"], 0.99)
+
 
 if __name__ == "__main__":
     absltest.main()
