@@ -284,7 +284,9 @@ class Guard:
     function, checking (eagerly, before the steps run) the first batch of a
     call that is due: the first call, every call after the compiled loss,
     the trainable weights, `augment` or the clipping method changed, and
-    each later call with probability `rate` (`CHECK_RATE` by default). The batches a checked
+    each later call with probability `rate` (`CHECK_RATE` by default; not
+    under `MultiWorkerMirroredStrategy`, whose workers must check the same
+    calls). The batches a checked
     call takes are the ones it then trains on, in order: the guard reads no
     batch that training would not. Until a check passes, every call checks.
     """
@@ -310,7 +312,16 @@ class Guard:
         return False
 
     def _due(self, key):
-        return key != self._checked_key or self._rng.random() < self.rate
+        if key != self._checked_key:
+            return True
+        # Workers must call the train function alike: a check takes its
+        # batch from the distributed iterator eagerly, whose collectives
+        # would not match a worker that did not check (the first call and
+        # changes are the same on every worker; random calls are not).
+        if isinstance(self._model.distribute_strategy,
+                      tf.distribute.MultiWorkerMirroredStrategy):
+            return False
+        return self._rng.random() < self.rate
 
     def wrap(self, function, steps_per_execution):
         """`function` (Keras' train function), checked as scheduled."""
