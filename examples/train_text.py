@@ -103,8 +103,7 @@ def default_preset():
 def check_preset(preset):
     """Refuses now, in one line, a --preset (None: the default) that is no
     folder if keras-hub cannot download it (it would retry for minutes)."""
-    if preset and not os.path.isdir(preset) and (  # Presets are on Kaggle.
-            why := command_line.unreachable("https://api.kaggle.com")):
+    if why := command_line.preset_unreachable(preset):
         raise app.UsageError(
             f"--preset={preset}: no such folder, and no download ({why});"
             " pass --preset=DIR, a local preset folder (`pip install"

