@@ -17,13 +17,13 @@ label 0), and standardizing by the batch's statistics moves every row.
 the same intents through `map_examples` or the data's weights measure <= C.
 """
 
-import pytest
 import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sensitivity

@@ -17,7 +17,6 @@ features, Poisson batches at q = B / N drawn by `fit`, a few hundred steps
 ledger's steps, all the model's fits together.
 """
 
-import pytest
 from unittest import mock
 
 from absl.testing import absltest
@@ -25,6 +24,7 @@ from absl.testing import parameterized
 import dp_accounting
 import keras
 import numpy as np
+import pytest
 
 import tf_dpadam
 from tf_dpadam import accounting

@@ -6,7 +6,6 @@ with Keras); importing it after Keras binds them at once. Each case runs in
 a fresh interpreter, since this one has TensorFlow loaded already.
 """
 
-import pytest
 import os
 import pathlib
 import subprocess
@@ -14,6 +13,7 @@ import sys
 import textwrap
 
 from absl.testing import absltest
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

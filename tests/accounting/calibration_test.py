@@ -1,6 +1,5 @@
 """Tests of tf_dpadam.accounting.calibration: steps and noise multiplier for a target epsilon."""
 
-import pytest
 import contextlib
 import io
 import re
@@ -9,6 +8,7 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 from tf_dpadam import accounting
 from tf_dpadam.accounting import calibration

@@ -5,8 +5,8 @@ as `strategy.distribute_datasets_from_function` would; multi_worker_test.py
 trains on them with two real worker processes.
 """
 
-import pytest
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized

@@ -1,9 +1,9 @@
 """A user's layer with a user's ghost rule, through
 `tf_dpadam.register_ghost_rule`, against one-example tapes."""
 
-import pytest
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized

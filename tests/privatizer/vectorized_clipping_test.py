@@ -1,8 +1,8 @@
 """The vectorized path against ghost clipping on a multi-output model."""
 
-import pytest
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized

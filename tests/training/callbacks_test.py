@@ -16,7 +16,6 @@ discretization 1e-3, as tf_dpadam's) on the composed events where the
 ledger composes several mechanisms.
 """
 
-import pytest
 import contextlib
 import io
 import math
@@ -30,6 +29,7 @@ from absl.testing import parameterized
 import dp_accounting
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_dpadam

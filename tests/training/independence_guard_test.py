@@ -8,11 +8,11 @@ first guard missed), guard_corpus_test (models shaped like keras.io's and
 keras-hub's, none refused, each step exact).
 """
 
-import pytest
 import warnings
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from absl.testing import absltest
 from absl.testing import parameterized

@@ -6,7 +6,6 @@ are in privacy_ledger_recipes_test.py; here: what the train step counts
 the audit's breaks, and `class_weight` under Poisson sampling.
 """
 
-import pytest
 import os
 import tempfile
 
@@ -15,6 +14,7 @@ from absl.testing import parameterized
 import h5py
 import keras
 import numpy as np
+import pytest
 
 import tf_dpadam
 from tf_dpadam.tools import audit
