@@ -136,6 +136,30 @@ def dp_sgd_event(
     )
 
 
+def banded_dp_sgd_event(
+    group_sampling_probability: float,
+    noise_multiplier: float,
+    steps: int,
+    bands: int,
+) -> dp_accounting.DpEvent:
+    """The event of T steps of banded correlated noise (b bands, the
+    strategy's columns of norm 1) with cyclic Poisson sampling over b groups.
+
+    Choquette-Choo, McMahan, Rush & Thakurta (2023, arXiv 2306.08153,
+    "Amplified banded matrix factorization"): when the data are split into
+    b groups, step t samples each example of group t mod b with probability
+    q (= b B / N), and the strategy matrix has at most b bands, the columns
+    of an example's steps (at least b apart) do not overlap, and the
+    mechanism is DP-SGD with ceil(T / b) steps, each Poisson-sampled at q,
+    of noise multiplier sigma: `dp_sgd_event(q, sigma, ceil(T / b))`. With
+    one band it is `dp_sgd_event(q, sigma, T)`.
+    """
+    validation.check_positive_int("bands", bands)
+    validation.check_steps(steps)
+    return dp_sgd_event(group_sampling_probability, noise_multiplier,
+                        -(-int(steps) // int(bands)))
+
+
 class _DropNonConvergence(logging.Filter):
     """Drops dp-accounting's warnings that an RDP order was excluded.
 

@@ -16,4 +16,6 @@ Phi = (sigma C / B)^2, the variance its noise adds to each coordinate
   clip norms, and what an optimizer asks to do to each example's gradient
   before clipping.
 - `noise`, `replicas`: the noise, once, and the sums under `tf.distribute`.
+- `correlated_noise`: banded Toeplitz matrix factorization (BandMF): the
+  noise of each step correlated with the last b - 1, and its exact Phi_t.
 """
