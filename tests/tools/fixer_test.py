@@ -39,8 +39,10 @@ def _y(seed=1):
     return np.random.default_rng(seed).integers(0, 3, size=_B)
 
 
-def _private(model, clipping="auto", jit=False, clip=1.0, eager=False):
-    private = tf_dpadam.make_private(model, clipping=clipping)
+def _private(model, clipping="auto", jit=False, clip=1.0, eager=False,
+             check_independence=True):
+    private = tf_dpadam.make_private(model, clipping=clipping,
+                                     check_independence=check_independence)
     private.compile(
         optimizer=tf_dpadam.DPSGD(
             l2_norm_clip=clip, noise_multiplier=0.0, learning_rate=1.0,
@@ -418,10 +420,11 @@ def _clipped_update(model, x, y):
                   for i in range(len(variables))]
 
 
-def _assert_private_step_is_exact(test, model, x, y):
+def _assert_private_step_is_exact(test, model, x, y, check_independence):
     before = helpers.numpy_values(model.trainable_variables)
     clip, want = _clipped_update(model, x, y)
-    private = _private(model, clipping="ghost", clip=clip, eager=True)
+    private = _private(model, clipping="ghost", clip=clip, eager=True,
+                       check_independence=check_independence)
     private.train_on_batch(x, y)
     test.assertEqual(private.clipping_used, "ghost")
     got = [v.numpy() - b
@@ -443,17 +446,27 @@ def _relative(got, want):
     return error / np.sqrt(sum(np.sum(np.square(w)) for w in want))
 
 
+# (test name, application, batch_norm, whether the step runs with the
+# independence guard on). The guard's check traces the ghost-clipped sum
+# once more (its probe, a tf.function even when the step runs eagerly):
+# half of a test's time. It stays on for EfficientNetB0, which no other
+# test of the default suite guards (tests/guard_corpus_test.py runs
+# `efficientnet_b0_fixed` only with TF_DPADAM_HEAVY_TESTS=1); a fix()ed
+# MobileNetV2 ("group") and a fix()ed ResNet ("freeze", keras-hub's) are
+# accepted by the guard in tests/guard_corpus_test.py
+# (`mobilenet_v2_fixed`, `keras_hub_resnet_fixed`), so these two check
+# the step alone.
 _APPLICATIONS = (
-    ("resnet50_freeze", "ResNet50", "freeze"),
-    ("mobilenet_v2_group", "MobileNetV2", "group"),
-    ("efficientnet_b0_group", "EfficientNetB0", "group"),
+    ("resnet50_freeze", "ResNet50", "freeze", False),
+    ("mobilenet_v2_group", "MobileNetV2", "group", False),
+    ("efficientnet_b0_group", "EfficientNetB0", "group", True),
 )
 
 
 @pytest.mark.slow  # keras.applications: 10-30 s each.
 class ApplicationsTest(parameterized.TestCase):
 
-    def check(self, model, batch_norm, x):
+    def check(self, model, batch_norm, x, check_independence=True):
         y = _y()
         batch_norms = [layer.name for layer in compat.all_layers(model)
                        if isinstance(layer, keras.layers.BatchNormalization)]
@@ -479,15 +492,17 @@ class ApplicationsTest(parameterized.TestCase):
                 layer.rate = 0.0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # EfficientNet's Normalization
-            _assert_private_step_is_exact(self, fixed, x, y)
+            _assert_private_step_is_exact(self, fixed, x, y,
+                                          check_independence)
 
     @parameterized.named_parameters(*_APPLICATIONS)
-    def test_fixed_application_trains_exactly(self, name, batch_norm):
+    def test_fixed_application_trains_exactly(self, name, batch_norm,
+                                              check_independence):
         keras.utils.set_random_seed(0)
         model = getattr(keras.applications, name)(
             weights=None, input_shape=(32, 32, 3), classes=3,
             classifier_activation=None)
-        self.check(model, batch_norm, _x((32, 32, 3)))
+        self.check(model, batch_norm, _x((32, 32, 3)), check_independence)
 
     def test_fixed_keras_hub_backbone_trains_exactly(self):
         import keras_hub  # pylint: disable=import-outside-toplevel
