@@ -2,10 +2,10 @@
 
 `--help` of every example binary and of the privacy command line takes at
 most 3 s of CPU, and the privacy command line's answer at most 5 s: nothing
-imports TensorFlow before it is needed. Without their data, and offline, the example binaries exit with
-code 2 and one line naming --data_dir (train_text's --preset given a
-keras-hub name: --preset) within 20 s, instead of retrying a download for
-minutes.
+imports TensorFlow before it is needed. Without their data, and offline,
+the example binaries exit with code 2 and one line naming --data_dir
+(train_text's --preset given a keras-hub name: --preset) within 20 s,
+instead of retrying a download for minutes.
 """
 
 import os

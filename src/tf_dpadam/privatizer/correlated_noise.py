@@ -24,7 +24,8 @@ noise vectors alone (solving M w = z forward):
 The same recursion on the impulse z = (1, 0, 0, ...) gives the coefficients
 d_k of M^-1 (a lower-triangular Toeplitz matrix, not banded), and step t's
 noise has per-coordinate variance (sigma C)^2 sum_{k<=t} d_k^2, a public
-number: divided by B^2 it is the exact Phi_t of DP-AdamBC (`noise_variance`).
+number: divided by B^2 it is the exact Phi_t of DP-AdamBC (`correlate`,
+`BandedToeplitz.noise_variances`).
 
 `correlate(strategy, iid_noise, state)` is the step's part, value in, value
 out: it takes this step's independent draws and the `NoiseState` (the b - 1
@@ -49,25 +50,22 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
-# Above this many bands, `optimized` is refused (the history costs b - 1
-# copies of the model's gradient, and the published gains flatten well
-# before it).
+from tf_dpadam.common import validation
+
+# The most bands a strategy may have (its history costs b - 1 copies of the
+# model's gradient, and the published gains flatten well before it).
 MAX_BANDS = 64
 
 
 def _check_bands(bands):
-    if (isinstance(bands, bool) or not isinstance(bands, (int, np.integer))
-            or not 1 <= bands <= MAX_BANDS):
-        raise ValueError(
-            f"Expected bands={bands!r} to be an int in [1, {MAX_BANDS}].")
+    validation.check(validation.is_int(bands) and 1 <= bands <= MAX_BANDS,
+                     "bands", bands, f"to be an int in [1, {MAX_BANDS}]")
     return int(bands)
 
 
 def _check_steps(steps, bands):
-    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer))
-            or steps < bands):
-        raise ValueError(
-            f"Expected steps={steps!r} to be an int >= bands={bands}.")
+    validation.check(validation.is_int(steps) and steps >= bands, "steps",
+                     steps, f"to be an int >= bands={bands}")
     return int(steps)
 
 
@@ -82,22 +80,13 @@ def bisr_coefficients(bands: int) -> np.ndarray:
 
 
 def inverse_coefficients(coefficients: Sequence[float], n: int) -> np.ndarray:
-    """d_0 .. d_{n-1}, the first column of M^-1 (float64)."""
-    m = np.asarray(coefficients, np.float64)
-    d = np.zeros(n)
-    for k in range(n):
-        tail = sum(m[j] * d[k - j] for j in range(1, min(k, len(m) - 1) + 1))
-        d[k] = ((1.0 if k == 0 else 0.0) - tail) / m[0]
-    return d
-
-
-def _inverse_fast(m, n):
-    """`inverse_coefficients` through scipy's IIR filter (same numbers up to
-    rounding; for the optimization's many evaluations)."""
+    """d_0 .. d_{n-1}, the first column of M^-1 (float64): the recursion on
+    the impulse, as scipy's IIR filter."""
     from scipy import signal  # pylint: disable=import-outside-toplevel
     impulse = np.zeros(n)
     impulse[0] = 1.0
-    return signal.lfilter([1.0], m, impulse)
+    return signal.lfilter([1.0], np.asarray(coefficients, np.float64),
+                          impulse)
 
 
 def prefix_error(coefficients: Sequence[float], steps: int) -> float:
@@ -108,7 +97,7 @@ def prefix_error(coefficients: Sequence[float], steps: int) -> float:
     sum_j (T - j) D_j^2."""
     m = np.asarray(coefficients, np.float64)
     m = m / np.linalg.norm(m)
-    partial = np.cumsum(_inverse_fast(m, steps))
+    partial = np.cumsum(inverse_coefficients(m, steps))
     return float(np.sum((steps - np.arange(steps)) * partial**2) / steps)
 
 
