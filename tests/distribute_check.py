@@ -46,12 +46,13 @@ def _views(x, augmult):
 
 def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
                        accumulation_steps=None, weight_decay=None,
-                       augmult=1, adaptive=False):
+                       augmult=1, adaptive=False, guard=False):
     """Weights after 2 epochs of 2 logical steps of 16 examples each.
 
     With `accumulation_steps=k` a logical step is k physical batches of
     16 / k examples (16 / (k R) per replica); with `augmult=K` each example
-    is K views (`_views`).
+    is K views (`_views`). With `guard` the independence guard checks the
+    first batch (`make_private(check_independence=True)`).
     """
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 6)).astype("float32")
@@ -67,7 +68,8 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
         if augmult > 1:
             augment = lambda x: _views(x, augmult)  # noqa: E731
         model = tf_dpadam.make_private(base, seed=2, augment=augment,
-                                       augmult=augmult)
+                                       augmult=augmult,
+                                       check_independence=guard)
         if adaptive:
             # Per-layer adaptive clipping without noise: each layer's C
             # moves by its count of unclipped examples, summed over the
@@ -119,7 +121,9 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size,
             keras.layers.Dense(units, use_bias=False,
                                kernel_initializer="zeros"),
         ])
-        model = tf_dpadam.make_private(base, seed=3)
+        # No guard: with every row zero it could not check a batch.
+        model = tf_dpadam.make_private(base, seed=3,
+                                       check_independence=False)
         model.compile(
             optimizer=tf_dpadam.DPSGD(
                 l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0,
@@ -140,10 +144,18 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size,
 
 
 def main():
+    # The independence guard (its first check, its own traces: 1-2 s a
+    # replicated fit) runs where the replicas change what it checks: the
+    # first replica's part of a distributed batch, replayed to the step,
+    # with the optimizer's per-example transform (plain, K views, per-layer
+    # adaptive). Training must give the single-device weights with it, as
+    # without it. On one device the guard is tests/training/independence_
+    # guard_test.py's; it reads neither the optimizer's batch_size, nor
+    # momentum, weight decay or accumulation, which the other runs vary.
     result = {
         "replicas": _REPLICAS,
         "single": noise_free_weights(1, None),
-        "replicated": noise_free_weights(_REPLICAS, None),
+        "replicated": noise_free_weights(_REPLICAS, None, guard=True),
         "single_fixed_b": noise_free_weights(1, 16),
         "replicated_fixed_b": noise_free_weights(_REPLICAS, 16),
         "single_sgd": noise_free_weights(1, 16, unclipped_sgd=True),
@@ -162,10 +174,11 @@ def main():
         # Augmentation multiplicity K = 3: 4 examples (12 views) per
         # replica, each example's 3 views one group on its replica.
         "single_augmult": noise_free_weights(1, None, augmult=3),
-        "replicated_augmult": noise_free_weights(_REPLICAS, None, augmult=3),
+        "replicated_augmult": noise_free_weights(_REPLICAS, None, augmult=3,
+                                                 guard=True),
         "single_adaptive": noise_free_weights(1, 16, adaptive=True),
         "replicated_adaptive": noise_free_weights(_REPLICAS, 16,
-                                                  adaptive=True),
+                                                  adaptive=True, guard=True),
         "single_adaptive_accumulated": noise_free_weights(
             1, 16, adaptive=True, accumulation_steps=2),
         "replicated_adaptive_accumulated": noise_free_weights(

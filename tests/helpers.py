@@ -225,11 +225,15 @@ def random_bert_batch(rng, length, batch=BATCH, vocabulary=30):
     return x, tf.constant(rng.integers(0, 2, size=batch))
 
 
-def noise_free_dpsgd_step(model, loss, clip, x, y, clipping="auto"):
+def noise_free_dpsgd_step(model, loss, clip, x, y, clipping="auto",
+                          check_independence=True):
     """`make_private(model)` after one DP-SGD step on `(x, y)` with C =
     `clip`, no noise, learning rate 1 and B = the batch (the step that
-    `reference_dpsgd_step` computes by brute force)."""
-    private = tf_dpadam.make_private(model, clipping=clipping)
+    `reference_dpsgd_step` computes by brute force); `check_independence`
+    as `make_private`'s (False: the step alone, without the guard's probes
+    to trace)."""
+    private = tf_dpadam.make_private(model, clipping=clipping,
+                                     check_independence=check_independence)
     private.compile(
         optimizer=tf_dpadam.DPSGD(
             l2_norm_clip=clip, noise_multiplier=0.0, learning_rate=1.0,

@@ -15,6 +15,10 @@ setting (N = 256, B = 16, a few steps); run A has sigma = 1.5.
 A resume takes --learning_rate if given (else the checkpoint's), and its
 bar counts the epochs of the whole run (`ResumeTest`). The kills (steps
 after the last checkpoint) are research/tests/run_dir_kill_test.py's.
+
+Run A is trained once for the file (`run_a`); the tests resume copies of
+it, each run of the binary loading TensorFlow and tracing the DP step
+(tens of seconds of CPU).
 """
 
 import os
@@ -81,21 +85,37 @@ def usage_error(stderr):
     return lines[0]
 
 
+_RUN_A = {}
+
+
+def run_a():
+    """(folder, stdout) of run A: 2 steps at sigma = 1.5 in a new
+    --model_dir, trained on the first call. Resume copies of it."""
+    if not _RUN_A:
+        folder = os.path.join(tempfile.mkdtemp(), "a")
+        stdout, _ = train_image(f"--model_dir={folder}",
+                                f"--noise_multiplier={SIGMA}", "--max_steps=2")
+        _RUN_A.update(folder=folder, stdout=stdout)
+    return _RUN_A["folder"], _RUN_A["stdout"]
+
+
+def copy_of_a():
+    """A new --model_dir holding run A's files."""
+    model_dir = os.path.join(tempfile.mkdtemp(), "run")
+    shutil.copytree(run_a()[0], model_dir)
+    return model_dir
+
+
 @absltest.skipUnless(os.path.isdir(FASHION_MNIST), "needs Debian's files")
 class ResumeRefusalsTest(absltest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.run_a = os.path.join(tempfile.mkdtemp(), "a")
-        cls.a_stdout, _ = train_image(f"--model_dir={cls.run_a}",
-                                      f"--noise_multiplier={SIGMA}",
-                                      "--max_steps=2")
+        cls.a_stdout = run_a()[1]
 
     def copy_of_a(self):
-        model_dir = os.path.join(tempfile.mkdtemp(), "run")
-        shutil.copytree(self.run_a, model_dir)
-        return model_dir
+        return copy_of_a()
 
     def assert_refused(self, model_dir, *flags, pattern):
         before = {n: (pathlib.Path(model_dir) / n).read_bytes()
@@ -174,19 +194,21 @@ class ResumeTest(absltest.TestCase):
     epoch (`Epoch 2/2` then `Epoch 3/3` in a run of 3)."""
 
     def test_learning_rate_and_epochs_of_the_whole_run(self):
-        model_dir = os.path.join(tempfile.mkdtemp(), "run")
-        flags = (f"--model_dir={model_dir}", f"--noise_multiplier={SIGMA}")
-        train_image(*flags, "--max_steps=1")
+        model_dir = copy_of_a()  # 2 steps at the default learning rate.
+        # --eval_every=4 (the last one given counts) from here on: epochs
+        # end at steps 4, 8 and the run's last.
+        flags = (f"--model_dir={model_dir}", f"--noise_multiplier={SIGMA}",
+                 "--eval_every=4")
         self.assertEqual(learning_rate(model_dir), 4.0)  # dpsgd's default.
-        # Steps 2 to 5 by --eval_every=2: fit calls of epochs of 1, 2 and 1
-        # steps (each length its own call); epochs 1 to 3 of 3.
-        stdout, _ = train_image(*flags, "--max_steps=5", "--learning_rate=0.5")
-        self.assertEqual(printed(stdout)[0], 5)
+        # Steps 3 to 9 by 4: fit calls of epochs of 2, 4 and 1 steps (each
+        # length its own call); epochs 1 to 3 of 3.
+        stdout, _ = train_image(*flags, "--max_steps=9", "--learning_rate=0.5")
+        self.assertEqual(printed(stdout)[0], 9)
         self.assertEqual(epoch_lines(stdout), [(1, 3), (2, 3), (3, 3)])
         self.assertEqual(learning_rate(model_dir), 0.5)
         # Not given: the checkpoint's, not the default.
-        stdout, _ = train_image(*flags, "--max_steps=6")
-        self.assertEqual(printed(stdout)[0], 6)
+        stdout, _ = train_image(*flags, "--max_steps=10")
+        self.assertEqual(printed(stdout)[0], 10)
         self.assertEqual(epoch_lines(stdout), [(3, 3)])
         self.assertEqual(learning_rate(model_dir), 0.5)
 

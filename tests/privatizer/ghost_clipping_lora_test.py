@@ -282,9 +282,14 @@ class LoraBertTest(parameterized.TestCase):
         clip, want = helpers.reference_dpsgd_step(self, model, loss, x, y)
 
         before = helpers.numpy_values(variables)
+        # The steps alone: the guard's probes would trace each path once
+        # more. The guard is run on this LoRA BERT under clipping="auto"
+        # (ghost) by tests/training/lora_state_test.py, and on a keras-hub
+        # BERT under clipping="vectorized" by tests/guard_corpus_test.py.
         for clipping in ("ghost", "vectorized"):
-            private = helpers.noise_free_dpsgd_step(model, loss, clip, x, y,
-                                                    clipping=clipping)
+            private = helpers.noise_free_dpsgd_step(
+                model, loss, clip, x, y, clipping=clipping,
+                check_independence=False)
             self.assertEqual(private.clipping_used, clipping)
             helpers.assert_update(variables, before, want)
             for v, b in zip(variables, before):

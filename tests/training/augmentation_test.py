@@ -390,7 +390,16 @@ class AugmultTest(parameterized.TestCase):
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         private.save(path)
         loaded = keras.models.load_model(path)
-        self.assertIs(loaded.augment, _registered_augment)
+        # The registered function (by its registered name: under xdist,
+        # tests/optimizers/disk_test.py can import this module a second
+        # time, which registers its own copy of the function).
+        self.assertIs(loaded.augment, keras.saving.get_registered_object(
+            "augmult_test>_registered_augment"))
+        self.assertEqual(
+            keras.saving.get_registered_name(loaded.augment),
+            "augmult_test>_registered_augment")
+        np.testing.assert_allclose(loaded.augment(np.ones(2, "float32")),
+                                   [1.5, 1.5])
         self.assertEqual(loaded.augmult, 3)
 
     @parameterized.parameters(

