@@ -281,7 +281,16 @@ class OptimizerOverrides:
 
 
 class LocalBatchSymbolicBuild:
-    """A `keras.Model` mixin: builds a distributed model from a local batch.
+    """A `keras.Model` mixin: builds the model, its compiled metrics and loss
+    before the first trace of a step, on one device as on several.
+
+    On one device Keras' TensorFlow trainer builds them in the first trace
+    of the train function; variables created there make `tf.function`
+    trace the whole step a second time (for a private step, the doubled
+    trace was up to half of a first `train_on_batch`). Here they are built
+    from the batch's specs, symbolically, as Keras does under a
+    distribution strategy; a model that cannot be built so is built in the
+    trace, as before.
 
     Keras' TensorFlow trainer takes the shapes of a distributed batch from
     one `strategy.reduce` of the whole (x, y) structure, which
@@ -291,6 +300,9 @@ class LocalBatchSymbolicBuild:
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            self._symbolic_build_on_one_device(iterator, data_batch)
+            return None
         if iterator is not None and self._distribute_strategy is not None:
             strategy = self._distribute_strategy
             for _, _, batches in iterator:
@@ -303,3 +315,23 @@ class LocalBatchSymbolicBuild:
         return super()._maybe_symbolic_build(
             iterator=iterator, data_batch=data_batch
         )
+
+    def _symbolic_build_on_one_device(self, iterator, data_batch) -> None:
+        unbuilt = [
+            part is not None and not part.built
+            for part in (self._compile_metrics, self._compile_loss)
+        ]
+        if not any(unbuilt) and self.built:
+            return
+        if data_batch is None:
+            # The specs of `fit`'s dataset: no batch is consumed.
+            dataset = getattr(iterator, "_distributed_dataset", None)
+            data_batch = getattr(dataset, "element_spec", None)
+            if data_batch is None:
+                return
+        try:
+            self._symbolic_build(data_batch=data_batch)
+        except Exception:  # pylint: disable=broad-except
+            # Built in the first trace instead, as Keras does on one
+            # device (e.g. inputs whose specs are not dense tensors).
+            pass
