@@ -16,6 +16,7 @@ Audit canaries and diagnostics take part through `hooks.StepHooks`.
 """
 
 import warnings
+import weakref
 from typing import Sequence
 
 import keras
@@ -217,14 +218,11 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
     In a graph, both computations call one nested `tf.function`, traced
     once: the step's trace, most of the cost of a first step, is not
     doubled by a branch that almost never runs (a third less time for the
-    privacy zoo's steps).
+    privacy zoo's steps). On one device without XLA that function is the
+    model's `shared_clipped_sum`, which the independence guard's norms
+    probe traced already.
     """
-    def compute(x, y, sample_weight, present):
-        return clipped_sum_by_mode(
-            model, x, y, sample_weight, present, l2_norm_clip)
-
-    if not tf.executing_eagerly():
-        compute = tf.function(compute, autograph=False)
+    compute = _clipped_sum_function(model, l2_norm_clip)
     summed, norms, losses, y_pred = compute(x, y, sample_weight, present)
 
     def recompute():
@@ -245,6 +243,65 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
 
     summed = tf.cond(clipping.all_finite(summed), lambda: summed, recompute)
     return summed, norms, losses, y_pred
+
+
+def _clipped_sum_function(model, l2_norm_clip):
+    """`compute(x, y, sample_weight, present)`: `clipped_sum_by_mode` with
+    C = `l2_norm_clip`; eager in eager mode, else a `tf.function`."""
+    if tf.executing_eagerly():
+        return lambda *rows: clipped_sum_by_mode(model, *rows, l2_norm_clip)
+    groups = None
+    clip = l2_norm_clip
+    if isinstance(l2_norm_clip, dp_math.GroupClip):
+        groups, clip = l2_norm_clip.groups, l2_norm_clip.clip_norms
+    shared = shared_clipped_sum(model, groups)
+    if shared is None:
+        return tf.function(
+            lambda *rows: clipped_sum_by_mode(model, *rows, l2_norm_clip),
+            autograph=False)
+    clip = tf.cast(clip, "float32")
+    return lambda *rows: shared(*rows, clip)
+
+
+# model -> (what its function was traced for, the function).
+_SHARED_SUMS = weakref.WeakKeyDictionary()
+
+
+def shared_clipped_sum(model, groups=None):
+    """`model`'s `clipped_sum_by_mode` as one `tf.function`, or None.
+
+    `f(x, y, sample_weight, present, clip)` with `clip` a float32 tensor: C,
+    or each group's C_l when `groups` (the group index of each trainable
+    variable) is given. The train step and the independence guard's norms
+    probe both call it, so that on a model's first step the per-example
+    gradients are traced once for both, not twice. A new function is made
+    when the compiled loss, the optimizer, the trainable weights,
+    `augment`, `augmult`, the clipping method or `groups` change (compared
+    by identity: the function holds them). None under a `tf.distribute`
+    strategy or XLA (`jit_compile=True`), where each caller traces its own.
+    """
+    if tf.distribute.has_strategy() or model.jit_compile is True:
+        return None
+    objects = (compat.compile_loss(model), model.optimizer, model.augment,
+               *model.trainable_variables)
+    values = (model.augmult, model.clipping,
+              None if groups is None else tuple(groups), len(objects))
+    entry = _SHARED_SUMS.get(model)
+    if entry is not None:
+        (held, held_values), function = entry
+        if held_values == values and all(
+                a is b for a, b in zip(held, objects)):
+            return function
+    model_ref = weakref.ref(model)  # The dictionary's value must not hold it.
+
+    def clipped(x, y, sample_weight, present, clip):
+        return clipped_sum_by_mode(
+            model_ref(), x, y, sample_weight, present,
+            dp_math.GroupClip.of(clip, groups))
+
+    function = tf.function(clipped, autograph=False)
+    _SHARED_SUMS[model] = ((objects, values), function)
+    return function
 
 
 def clipped_sum_by_mode(model, x, y, sample_weight, present,

@@ -54,9 +54,16 @@ class Probe:
             if present is None:  # Else x, y and the weights are the rows.
                 x, y, sample_weight, present = train_step_lib.views(
                     model, x, y, sample_weight)
-            # The norms do not depend on the clip norm.
-            _, found, _, _ = train_step_lib.clipped_sum_by_mode(
-                model, x, y, sample_weight, present, 1.0)
+            # The norms do not depend on the clip norm. Through the step's
+            # own function where it has one (traced once for both).
+            groups = model.optimizer.variable_groups()
+            shared = train_step_lib.shared_clipped_sum(model, groups)
+            if shared is None:
+                _, found, _, _ = train_step_lib.clipped_sum_by_mode(
+                    model, x, y, sample_weight, present, 1.0)
+            else:
+                ones = tf.ones([] if groups is None else [max(groups) + 1])
+                _, found, _, _ = shared(x, y, sample_weight, present, ones)
             return dp_math.global_norms(found)
 
         def scoped(function):
