@@ -217,9 +217,9 @@ def clipped_sum(model, x, y, sample_weight, present, l2_norm_clip) -> tuple:
 
     In a graph, both computations call one nested `tf.function`, traced
     once: the step's trace, most of the cost of a first step, is not
-    doubled by a branch that almost never runs. On one device without XLA that function is the
-    model's `shared_clipped_sum`, which the independence guard's norms
-    probe traced already.
+    doubled by a branch that almost never runs. On one device without
+    XLA that function is the model's `shared_clipped_sum`, which the
+    independence guard's norms probe traced already.
     """
     compute = _clipped_sum_function(model, l2_norm_clip)
     summed, norms, losses, y_pred = compute(x, y, sample_weight, present)
