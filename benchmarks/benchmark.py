@@ -86,7 +86,16 @@ FLAGS = flags.FLAGS
 # vectorized path. "+per_layer" clips each layer to C / sqrt(L)
 # (per_layer_clipping) and "+adaptive" moves C toward the median norm
 # (target_unclipped_quantile=0.5); the "clip" configuration measures them on
-# the CNN.
+# the CNN. "+bandsN" is correlated noise of N bands (noise_strategy=N); the
+# "banded" configuration measures it on the CNN against one band.
+def _bands(variant):
+    """N of a "+bandsN" variant (correlated noise), else None."""
+    for part in variant.split("+")[1:]:
+        if part.startswith("bands"):
+            return int(part[len("bands"):])
+    return None
+
+
 _VARIANTS = {
     "cnn": ["nonprivate", "dpadam_corrected", "dpadam_corrected+secure",
             "dpadam_corrected+vectorized", "dpadam_stp",
@@ -95,6 +104,8 @@ _VARIANTS = {
              "dpadam_stp", "dpadam_stp+vectorized", "dpadam_disk",
              "dpadam_disk+vectorized"],
     "cnn_accum": ["dpadam_corrected"],
+    "banded": ["nonprivate", "dpadam_corrected", "dpadam_corrected+bands4",
+               "dpadam_corrected+bands8"],
     "lora": ["nonprivate", "dpadam_corrected", "dpadam_disk",
              "dpadam_disk+vectorized"],
     "full": ["nonprivate", "dpadam_corrected"],
@@ -295,9 +306,17 @@ def _child(spec):
             gradient_accumulation_steps=accumulation if accumulation > 1 else None,
             per_layer_clipping="+per_layer" in variant,
             target_unclipped_quantile=0.5 if "+adaptive" in variant else None,
+            noise_strategy=_bands(variant),
         )
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    if _bands(variant):
+        # Timing only: the repeated batch passes for cyclic Poisson batches
+        # (fit refuses other data with b > 1 bands); no epsilon is read.
+        from tf_dpadam.accounting import plans  # pylint: disable=import-outside-toplevel
+        from tf_dpadam.data import sampling  # pylint: disable=import-outside-toplevel
+        sampling.register_poisson(dataset, plans.PoissonPlan(
+            physical * 64, physical, accumulation, groups=_bands(variant)))
     baseline = _rss_bytes()
     tensors_before = _allocator_info()
     times = []

@@ -30,6 +30,7 @@ DECLARED = {
     "clip_learning_rate": 0.2,
     "clipped_count_stddev": None,
     "per_layer_clipping": False,
+    "noise_strategy": None,
 }
 
 

@@ -39,7 +39,7 @@ DP_CONFIG = {
     "l2_norm_clip": 1.0, "noise_multiplier": 1.0, "batch_size": None,
     "target_unclipped_quantile": None, "clip_learning_rate": 0.2,
     "clipped_count_stddev": None, "per_layer_clipping": False,
-    "gradient_accumulation_steps": None,
+    "gradient_accumulation_steps": None, "noise_strategy": None,
 }
 # Each built-in name, its class and the update rule's own `get_config`
 # keys (beyond Keras' and the DP ones), as before the declaration.

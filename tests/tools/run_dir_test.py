@@ -111,7 +111,8 @@ class SettingsTest(parameterized.TestCase):
         model = _tiny_private_model()
         self.assertEqual(run_dir.checkpoint_settings(model), dict(
             noise_multiplier=1.0, l2_norm_clip=1.0, batch_size=16,
-            optimizer="dpadam_corrected", accumulation_steps=1))
+            optimizer="dpadam_corrected", accumulation_steps=1,
+            noise_bands=1))
 
 
 def _run_settings():

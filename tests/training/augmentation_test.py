@@ -385,7 +385,14 @@ class AugmultTest(parameterized.TestCase):
 
     def test_save_and_load_registered_function(self):
         base, x, _ = _build("mlp")
-        private = tf_dpadam.make_private(base, augment=_registered_augment,
+        # The function the registry holds now (under xdist,
+        # tests/optimizers/disk_test.py can import this module a second
+        # time, which registers its own copy of the function in place of
+        # this module's).
+        registered = keras.saving.get_registered_object(
+            "augmult_test>_registered_augment")
+        self.assertIsNotNone(registered)
+        private = tf_dpadam.make_private(base, augment=registered,
                                          augmult=3)
         path = os.path.join(tempfile.mkdtemp(), "model.keras")
         private.save(path)

@@ -36,6 +36,7 @@ def calibrate_steps(
     delta: float,
     accountant: str = "pld",
     sampling: str = "poisson",
+    bands: int = 1,
 ) -> int:
     """The largest number of steps T whose epsilon stays within the target.
 
@@ -67,6 +68,10 @@ def calibrate_steps(
         delta: Target delta in (0, 1).
         accountant: "pld" (default) or "rdp" (a name in `ACCOUNTANTS`).
         sampling: "poisson" (default) or "shuffled".
+        bands: b, the bands of a correlated `noise_strategy` (cyclic
+            Poisson batches of b groups, `sampling="poisson"` only): T is
+            then b times the most rounds R of DP-SGD at q = b B / N within
+            the target (T steps count as ceil(T / b) = R rounds).
 
     Returns:
         T as an int.
@@ -91,6 +96,18 @@ def calibrate_steps(
     accountants.get_accountant(accountant)  # A registered name.
     accounting_epsilon.check_sampling(sampling)
     validation.warn_large_delta(delta, num_examples)
+    validation.check_positive_int("bands", bands)
+    if bands > 1:
+        validation.check(sampling == "poisson" and bands * batch_size
+                         <= num_examples, "bands", bands,
+                         "to be 1, or with sampling='poisson' and"
+                         f" bands * batch_size <= num_examples={num_examples}")
+        # A round samples one group at q = b B / N: DP-SGD's step at a
+        # batch of b B.
+        return bands * steps_within(
+            target_epsilon=target_epsilon, num_examples=num_examples,
+            batch_size=bands * batch_size, noise_multiplier=noise_multiplier,
+            delta=delta, accountant=accountant, sampling=sampling)
     return steps_within(
         target_epsilon=target_epsilon, num_examples=num_examples,
         batch_size=batch_size, noise_multiplier=noise_multiplier,
@@ -188,6 +205,7 @@ def calibrate_noise_multiplier(
     steps: int | None = None,
     delta: float,
     accountant: str = "pld",
+    bands: int = 1,
 ) -> float:
     """The smallest noise multiplier (within 1%) that meets the target.
 
@@ -214,6 +232,10 @@ def calibrate_noise_multiplier(
         steps: Number of steps T > 0; exactly one of `epochs` and `steps`.
         delta: Target delta in (0, 1).
         accountant: "pld" (default) or "rdp" (a name in `ACCOUNTANTS`).
+        bands: b, the bands of a correlated `noise_strategy`, whose `fit`
+            samples cyclic Poisson batches of b groups: then epsilon is
+            that of ceil(T / b) steps at q = min(1, b B / N)
+            (`epsilon.banded_dp_sgd_event`, as the ledger counts them).
 
     Returns:
         sigma as a float.
@@ -240,7 +262,11 @@ def calibrate_noise_multiplier(
         steps=steps,
     )
     validation.warn_large_delta(delta, num_examples)
+    validation.check_positive_int("bands", bands)
     q = batch_size / num_examples
+    if bands > 1:
+        q = min(1.0, bands * batch_size / num_examples)
+        total = -(-int(total) // int(bands))
 
     def eps(noise_multiplier, accountant=chosen):
         return accounting_epsilon.epsilon_at_rate(

@@ -10,6 +10,15 @@ segments:
 
 * `Mechanism.poisson(...)`: tf_dpadam's Poisson batches at q = B / N, one
   `PoissonSampledDpEvent(q, GaussianDpEvent(sigma))` per step;
+* `Mechanism.poisson(..., bands=b)`, b > 1: cyclic Poisson sampling for
+  banded correlated noise (Choquette-Choo, McMahan, Rush & Thakurta 2023,
+  arXiv 2306.08153, "Amplified banded matrix factorization"): the data in
+  b groups, step t samples only group t mod b, each of its examples with
+  probability q = min(1, b B / N); with a strategy of at most b bands a
+  segment of T steps is DP-SGD with ceil(T / b) steps at q
+  (`epsilon.banded_dp_sgd_event`). Whichever group a segment starts at, an
+  example joins at most ceil(T / b) of its steps, so summing ceil(T_i / b)
+  over the segments bounds its participations over the whole run;
 * `Mechanism.passes(...)`: fixed batches whose pass structure is known
   (`fit(..., sampling="shuffled")` on in-memory data: each pass over the
   data holds every example at most once). The segment's steps, counted from
@@ -69,6 +78,10 @@ class Mechanism:
         accumulation_steps: k >= 1 physical batches per logical step.
         source: what the data was, for people ("Poisson batches of fit",
             "a tf.data.Dataset", "train_on_batch", ...).
+        bands: b >= 1, the cyclic Poisson groups of "poisson" (1: plain
+            Poisson sampling; b > 1: step t samples only group t mod b, at
+            q = min(1, b B / N), and T steps count as ceil(T / b)). Only
+            "poisson" takes b > 1.
     """
 
     sampling: str
@@ -78,6 +91,7 @@ class Mechanism:
     batches_per_pass: int | None = None
     accumulation_steps: int = 1
     source: str = ""
+    bands: int = 1
 
     def __post_init__(self):
         validation.check(self.sampling in SAMPLINGS, "sampling",
@@ -86,6 +100,11 @@ class Mechanism:
                                       self.noise_multiplier)
         validation.check_positive_int("accumulation_steps",
                                       self.accumulation_steps)
+        validation.check_positive_int("bands", self.bands)
+        validation.check(self.bands == 1 or self.sampling == "poisson",
+                         "bands", self.bands,
+                         f"to be 1 with sampling={self.sampling!r} (only"
+                         " 'poisson' is cyclic)")
         if self.sampling == "poisson":
             validation.check_sizes("num_examples", self.num_examples,
                                    self.expected_batch_size)
@@ -95,11 +114,13 @@ class Mechanism:
 
     @classmethod
     def poisson(cls, noise_multiplier, num_examples, expected_batch_size,
-                accumulation_steps=1, source="Poisson batches"):
-        """Poisson sampling at q = B / N."""
+                accumulation_steps=1, source="Poisson batches", *, bands=1):
+        """Poisson sampling at q = B / N; with `bands` = b > 1, cyclic
+        Poisson sampling over b groups at q = min(1, b B / N)."""
+        validation.check_positive_int("bands", bands)
         return cls("poisson", float(noise_multiplier), int(num_examples),
                    int(expected_batch_size), None, int(accumulation_steps),
-                   source)
+                   source, int(bands))
 
     @classmethod
     def passes(cls, noise_multiplier, batches_per_pass, accumulation_steps=1,
@@ -119,10 +140,19 @@ class Mechanism:
 
     @property
     def sampling_rate(self):
-        """q = B / N of a Poisson mechanism (None otherwise)."""
+        """q = B / N of a Poisson mechanism, min(1, b B / N) of a cyclic
+        one (its group's rate; None for the other samplings)."""
         if self.sampling != "poisson":
             return None
-        return self.expected_batch_size / self.num_examples
+        if self.bands == 1:
+            return self.expected_batch_size / self.num_examples
+        return min(1.0, self.bands * self.expected_batch_size
+                   / self.num_examples)
+
+    def poisson_steps(self, steps):
+        """The Poisson-sampled steps that `steps` logical steps of a
+        "poisson" mechanism count as: ceil(T / b) (T for b = 1)."""
+        return -(-int(steps) // self.bands)
 
     def participations(self, steps):
         """S of `steps` logical steps of a fixed-batch mechanism (an
@@ -133,7 +163,14 @@ class Mechanism:
 
     def describe(self):
         """One phrase for people: the sampling, its amplification, sigma."""
-        if self.sampling == "poisson":
+        if self.sampling == "poisson" and self.bands > 1:
+            how = (f"cyclic Poisson sampling over {self.bands} groups at"
+                   f" q = min(1, bB/N) = min(1, {self.bands}*"
+                   f"{self.expected_batch_size}/{self.num_examples}) ="
+                   f" {self.sampling_rate:.4g} (each step samples one"
+                   f" group; T steps count as ceil(T/{self.bands});"
+                   " amplification by subsampling)")
+        elif self.sampling == "poisson":
             how = (f"Poisson sampling at q = B/N = {self.expected_batch_size}/"
                    f"{self.num_examples} = {self.sampling_rate:.4g}"
                    " (amplification by subsampling)")
@@ -179,8 +216,9 @@ class Segment:
 
 def _composition_key(segments):
     """The ledger's composition, normalized: ((q, sigma, T) of the Poisson
-    segments, merged and sorted; sum of S / sigma^2 of the fixed batches;
-    whether a step had no noise)."""
+    segments, merged and sorted, a cyclic segment of T steps over b groups
+    counting ceil(T / b) at its group's q; sum of S / sigma^2 of the fixed
+    batches; whether a step had no noise)."""
     poisson = {}
     gaussian = 0.0
     noiseless = False
@@ -193,7 +231,8 @@ def _composition_key(segments):
             continue
         if mechanism.sampling == "poisson":
             key = (mechanism.sampling_rate, mechanism.noise_multiplier)
-            poisson[key] = poisson.get(key, 0) + steps
+            poisson[key] = (poisson.get(key, 0)
+                            + mechanism.poisson_steps(steps))
         else:
             gaussian += (mechanism.participations(steps)
                          / mechanism.noise_multiplier**2)

@@ -31,23 +31,29 @@ class PoissonPlan:
         num_examples: N.
         expected_batch_size: B, also the optimizer's denominator.
         accumulation_steps: k physical batches per logical step.
+        groups: b, the cyclic Poisson groups (`data.poisson_batches(...,
+            groups=b)`): 1 for plain Poisson sampling; b > 1: each step
+            samples one group at q = min(1, b B / N), the ledger's
+            `Mechanism.poisson(..., bands=b)`.
     """
 
     num_examples: int
     expected_batch_size: int
     accumulation_steps: int = 1
+    groups: int = 1
 
     amplified: typing.ClassVar[bool] = True
 
     def __post_init__(self):
         validation.check_sizes("num_examples", self.num_examples,
                                self.expected_batch_size)
+        validation.check_positive_int("groups", self.groups)
 
     def mechanism(self, noise_multiplier, source="Poisson batches"):
         """The ledger's `Mechanism` of one step of this plan."""
         return ledger.Mechanism.poisson(
             noise_multiplier, self.num_examples, self.expected_batch_size,
-            self.accumulation_steps, source)
+            self.accumulation_steps, source, bands=self.groups)
 
 @dataclasses.dataclass(frozen=True)
 class FixedBatchesPlan:

@@ -55,6 +55,17 @@ seeds, and warns that anyone who knows it can regenerate every batch. A run
 resumed in a new process passes `first_step=` (the steps taken) so that it
 does not replay the batches of its first steps.
 
+Cyclic Poisson sampling (`groups=b`), for banded correlated noise
+(Choquette-Choo, McMahan, Rush & Thakurta 2023, arXiv 2306.08153,
+"Amplified banded matrix factorization"): example i belongs to group
+i mod b, a public partition fixed by the examples' order alone (not by
+their values, nor by the key), and step j samples only the examples of
+group (group_offset + j) mod b, each with probability q = min(1, b B / N),
+so that a batch still holds about B examples. An example joins at most one
+of any b consecutive steps; with a noise strategy of at most b bands the
+accounting is that of ceil(T / b) Poisson steps at q (the ledger's
+`Mechanism.poisson(..., bands=b)`).
+
 Datasets larger than memory: `poisson_batches_from_source` (module
 `data_source`, also importable from here) samples the same Poisson batches
 by random access. What the two pipelines and the sharded one (`sharding`)
@@ -65,6 +76,7 @@ share, the step layout, key, nonces, padding and splitting, is in
 import numpy as np
 import tensorflow as tf
 
+from tf_dpadam.common import validation
 from tf_dpadam.data import sampling
 # `tf_dpadam.data` is where users import every sampler from.
 from tf_dpadam.data.source import poisson_batches_from_source
@@ -97,6 +109,8 @@ def poisson_batches(
     max_overflow_probability: float = 1e-10,
     pad_to_multiple_of: int | None = None,
     first_step: int = 0,
+    groups: int = 1,
+    group_offset: int = 0,
 ) -> PoissonBatches:
     """A `tf.data` pipeline of Poisson-sampled, padded, split batches.
 
@@ -109,10 +123,14 @@ def poisson_batches(
     Args:
         data: `(x, y)` or `(x, y, sample_weight)` with NumPy arrays (or nested
             structures of them) sharing the first dimension N.
-        expected_batch_size: B; the sampling rate is q = B / N.
+        expected_batch_size: B; the sampling rate is q = B / N (with
+            `groups` = g > 1: q = min(1, g B / N) within a step's group).
         physical_batch_size: b, the batch that fits in memory; defaults to
             the capacity M (k = 1), then a multiple of 8.
         steps_per_epoch: logical steps per pass; defaults to ceil(N / B).
+            With `groups` = g > 1 it is rounded up to a multiple of g: each
+            pass counts its steps from 0 again, so every pass starts at the
+            same group and the groups cycle one per step across passes.
         seed: None (default): the sampling is keyed by 63 secret bits from
             the operating system's entropy, new at every call and not fixed
             by any global seed. An int in [0, 2**63): the key itself, for
@@ -131,6 +149,20 @@ def poisson_batches(
             steps, which the accounting counts as independent samples; each
             start gets its own stream (reproducible for the same seed and
             start).
+        groups: g in [1, 64] (`sampling.MAX_GROUPS`), with g B <= N.
+            1 (default): plain Poisson sampling, every step over all N
+            examples (the same batches as without it). g > 1: cyclic Poisson
+            sampling (see the module): example i is in group i mod g (a
+            public, data-independent partition: the examples' order), and
+            step j of the stream (0, 1, ..., counted on across passes)
+            samples only group (group_offset + j) mod g, each of its
+            examples with probability q = min(1, g B / N). The capacity M
+            bounds one group's Binomial(ceil(N / g), q); the registered
+            plan has `groups=g`.
+        group_offset: an int >= 0, the group of step 0 (modulo `groups`);
+            a run resumed at `first_step` t that continues the cycle of a
+            run started at offset o passes o + t. Any offset is accounted
+            the same.
 
     Returns:
         A `PoissonBatches`.
@@ -139,6 +171,9 @@ def poisson_batches(
         ValueError: on arguments out of range (including `seed`).
     """
     sampling.nonce_seed2(first_step)  # Checks it.
+    validation.check(
+        validation.is_int(group_offset) and group_offset >= 0,
+        "group_offset", group_offset, "to be an int >= 0")
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
         raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
     data = tuple(tf.nest.map_structure(np.asarray, item) for item in data)
@@ -152,7 +187,8 @@ def poisson_batches(
                 )
     layout = sampling.make_layout(
         num_examples, expected_batch_size, physical_batch_size,
-        steps_per_epoch, max_overflow_probability, pad_to_multiple_of)
+        steps_per_epoch, max_overflow_probability, pad_to_multiple_of,
+        groups)
     key = sampling.resolve_key(seed, "poisson_batches")
 
     x, y = data[0], data[1]
@@ -167,4 +203,24 @@ def poisson_batches(
         rows = sampling.gather_rows((x, y, weight), indices)
         return sampling.pad_and_split(rows, tf.size(indices), layout)
 
-    return sampling.pipeline(sample_step, layout, first_step=first_step)
+    if groups == 1:
+        return sampling.pipeline(sample_step, layout, first_step=first_step)
+
+    # Cyclic Poisson sampling: example i is in group i mod g (public, fixed
+    # by the order alone); step j samples group (offset + j) mod g.
+    offset = int(group_offset) % groups
+
+    def sample_group_step(step, nonce):
+        seed_pair = tf.stack([tf.constant(key, tf.int64), nonce])
+        coins = tf.random.stateless_uniform([num_examples],
+                                            seed=seed_pair) < q
+        group_of = tf.math.floormod(
+            tf.range(num_examples, dtype=tf.int64), groups)
+        group = tf.math.floormod(step + offset, groups)
+        included = tf.logical_and(coins, tf.equal(group_of, group))
+        indices = tf.cast(tf.where(included)[:, 0], tf.int32)
+        rows = sampling.gather_rows((x, y, weight), indices)
+        return sampling.pad_and_split(rows, tf.size(indices), layout)
+
+    return sampling.pipeline(sample_group_step, layout,
+                             first_step=first_step, step_index=True)

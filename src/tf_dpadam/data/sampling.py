@@ -36,13 +36,15 @@ class PoissonBatches(typing.NamedTuple):
 
     Attributes:
         dataset: yields `(x, y, sample_weight)` physical batches of size b.
-        sampling_rate: q = B / N.
+        sampling_rate: q = B / N (cyclic Poisson over b groups: the
+            group's q = min(1, b B / N)).
         expected_batch_size: B, to be the optimizer's `batch_size`.
         capacity: M, the padded size of one logical batch.
         accumulation_steps: k = M / b, the optimizer's
             `gradient_accumulation_steps`.
         steps_per_epoch: logical steps per pass over the dataset.
-        overflow_probability: P(Binomial(N, q) > M), for one step.
+        overflow_probability: P(Binomial(N, q) > M), for one step
+            (cyclic: P(Binomial(ceil(N / b), q) > M), the largest group).
     """
 
     dataset: tf.data.Dataset
@@ -94,21 +96,42 @@ def binomial_upper_tail(n, p, m):
 
 
 def poisson_capacity(num_examples, expected_batch_size, physical_batch_size,
-                     max_overflow_probability=1e-10):
+                     max_overflow_probability=1e-10, groups=1):
     """The smallest multiple M of b with P(Binomial(N, B/N) > M) <= bound.
+
+    With `groups` = g > 1 (cyclic Poisson sampling, `group_sampling`), a
+    step samples one group of at most ceil(N / g) examples at
+    q = min(1, g B / N): M bounds Binomial(ceil(N / g), q) instead.
 
     Returns:
         `(capacity, overflow_probability)`.
     """
-    q = expected_batch_size / num_examples
+    population, q = group_sampling(num_examples, expected_batch_size, groups)
     capacity = physical_batch_size * math.ceil(
         expected_batch_size / physical_batch_size
     )
     while True:
-        overflow = binomial_upper_tail(num_examples, q, capacity)
-        if overflow <= max_overflow_probability or capacity >= num_examples:
-            return min(capacity, num_examples + physical_batch_size), overflow
+        overflow = binomial_upper_tail(population, q, capacity)
+        if overflow <= max_overflow_probability or capacity >= population:
+            return min(capacity, population + physical_batch_size), overflow
         capacity += physical_batch_size
+
+
+# The most cyclic Poisson groups `poisson_batches` takes.
+MAX_GROUPS = 64
+
+
+def group_sampling(num_examples, expected_batch_size, groups=1):
+    """(n, q) of one step: the examples it may sample and their rate.
+
+    Plain Poisson sampling (`groups` = 1): (N, B / N). Cyclic Poisson
+    sampling over g groups: (ceil(N / g), min(1, g B / N)), the largest
+    group and its rate.
+    """
+    if groups == 1:
+        return num_examples, expected_batch_size / num_examples
+    return (-(-num_examples // groups),
+            min(1.0, groups * expected_batch_size / num_examples))
 
 
 def step_nonces(first_step=0):
@@ -164,11 +187,33 @@ class Layout(typing.NamedTuple):
     steps_per_epoch: int
     overflow_probability: float
     pad_to_multiple_of: typing.Optional[int]
+    groups: int = 1
+
+
+def check_groups(groups, num_examples, expected_batch_size):
+    """Cyclic Poisson groups g: an int in [1, `MAX_GROUPS`] with
+    g B <= N (so that a group's rate g B / N is at most 1)."""
+    validation.check(
+        validation.is_int(groups) and 1 <= groups <= MAX_GROUPS, "groups",
+        groups, f"to be an int in [1, {MAX_GROUPS}]")
+    validation.check(
+        groups * expected_batch_size <= num_examples, "groups", groups,
+        f"to satisfy groups * expected_batch_size <= the number of"
+        f" examples {num_examples} (each group's sampling rate"
+        f" groups * {expected_batch_size} / {num_examples} at most 1)")
 
 
 def make_layout(num_examples, expected_batch_size, physical_batch_size,
-            steps_per_epoch, max_overflow_probability, pad_to_multiple_of):
-    """Validates the arguments common to the pipelines; sizes M, b and k."""
+            steps_per_epoch, max_overflow_probability, pad_to_multiple_of,
+            groups=1):
+    """Validates the arguments common to the pipelines; sizes M, b and k.
+
+    With `groups` = g > 1 (cyclic Poisson sampling) M is sized for one
+    group's Binomial(ceil(N / g), min(1, g B / N)) and `steps_per_epoch`
+    (given or ceil(N / B)) is rounded up to a multiple of g, so that every
+    pass, whose steps count from 0 again, starts at the same group phase
+    and the groups keep cycling one per step across passes.
+    """
     validation.check_count("expected_batch_size", expected_batch_size)
     if expected_batch_size > num_examples:
         raise ValueError(
@@ -180,25 +225,31 @@ def make_layout(num_examples, expected_batch_size, physical_batch_size,
                      "in (0, 1)")
     if pad_to_multiple_of is not None:
         validation.check_count("pad_to_multiple_of", pad_to_multiple_of)
+    check_groups(groups, num_examples, expected_batch_size)
     if physical_batch_size is None:
         # A multiple of 8, so that the batch splits evenly over up to 8
         # tf.distribute replicas (a TPU's cores).
         capacity, overflow = poisson_capacity(
-            num_examples, expected_batch_size, 8, max_overflow_probability
+            num_examples, expected_batch_size, 8, max_overflow_probability,
+            groups,
         )
         physical_batch_size = capacity
     else:
         validation.check_count("physical_batch_size", physical_batch_size)
         capacity, overflow = poisson_capacity(
             num_examples, expected_batch_size, physical_batch_size,
-            max_overflow_probability,
+            max_overflow_probability, groups,
         )
     if steps_per_epoch is None:
         steps_per_epoch = math.ceil(num_examples / expected_batch_size)
     validation.check_count("steps_per_epoch", steps_per_epoch)
+    if groups > 1:
+        # Whole cycles: every pass starts at the same group.
+        steps_per_epoch = groups * -(-int(steps_per_epoch) // groups)
     return Layout(
         num_examples=num_examples,
-        sampling_rate=expected_batch_size / num_examples,
+        sampling_rate=group_sampling(num_examples, expected_batch_size,
+                                     groups)[1],
         expected_batch_size=expected_batch_size,
         physical_batch_size=physical_batch_size,
         capacity=capacity,
@@ -206,6 +257,7 @@ def make_layout(num_examples, expected_batch_size, physical_batch_size,
         steps_per_epoch=steps_per_epoch,
         overflow_probability=overflow,
         pad_to_multiple_of=pad_to_multiple_of,
+        groups=int(groups),
     )
 
 
@@ -372,15 +424,23 @@ def poisson_plan_of(data):
 def layout_plan(layout):
     """The `plans.PoissonPlan` of a step layout."""
     return plans.PoissonPlan(layout.num_examples, layout.expected_batch_size,
-                             layout.accumulation_steps)
+                             layout.accumulation_steps, groups=layout.groups)
 
 
 def pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
-              first_step=0):
-    """The `PoissonBatches` of `sample_step(nonce)`, one call per step."""
+              first_step=0, step_index=False):
+    """The `PoissonBatches` of `sample_step(nonce)`, one call per step.
+
+    With `step_index`, `sample_step(j, nonce)` also gets the step's index j
+    (int64) within the pass: 0, 1, ..., `layout.steps_per_epoch` - 1 in
+    every pass (each iteration of the dataset counts from 0 again). The
+    nonces are the same either way.
+    """
+    nonces = step_nonces(first_step).take(layout.steps_per_epoch)
+    if step_index:
+        nonces = nonces.enumerate()
     dataset = (
-        step_nonces(first_step)
-        .take(layout.steps_per_epoch)
+        nonces
         .map(sample_step, num_parallel_calls=num_parallel_calls)
         .unbatch()
         .prefetch(tf.data.AUTOTUNE)

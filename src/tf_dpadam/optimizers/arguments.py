@@ -101,6 +101,18 @@ ARGUMENTS = (
         " `l2_norm_clip` may also be a mapping `{layer name or path: C_l}`,"
         " one group per key; the noise and Phi then use"
         " sqrt(sum_l C_l^2)."),
+    Argument(
+        "noise_strategy", None, Any,
+        "None (independent noise, DP-SGD's), an int b in [1, 64] (banded"
+        " correlated noise with b bands: the banded inverse square root,"
+        " BISR), or a `tf_dpadam.privatizer.correlated_noise.BandedToeplitz`"
+        " (e.g. `BandedToeplitz.optimized(b, steps)`). With b > 1, step t"
+        " adds noise correlated with the last b - 1 steps' (a matrix"
+        " factorization), `fit` samples cyclic Poisson batches (b groups;"
+        " step t samples group t mod b) and accounts them so, and the"
+        " optimizer gets the exact per-step Phi_t. One band is DP-SGD's"
+        " noise exactly. b > 1 needs `fit` on in-memory data and one"
+        " device (`tf_dpadam.privatizer.correlated_noise`)."),
 )
 NAMES = tuple(argument.name for argument in ARGUMENTS)
 
@@ -186,12 +198,15 @@ class DPConfig:
             the step; an int is a public constant (the expected batch size under
             Poisson sampling, or the logical batch size).
         accumulation_steps: k, the physical batches that make one step.
+        noise_strategy: None (independent noise) or the
+            `correlated_noise.BandedToeplitz` of correlated noise.
     """
 
     l2_norm_clip: float
     noise_multiplier: float
     batch_size: int | None = None
     accumulation_steps: int = 1
+    noise_strategy: Any = None
 
     def __post_init__(self):
         validation.check_positive("l2_norm_clip", self.l2_norm_clip)
@@ -209,6 +224,13 @@ class DPConfig:
         object.__setattr__(self, "l2_norm_clip", float(self.l2_norm_clip))
         object.__setattr__(self, "noise_multiplier",
                            float(self.noise_multiplier))
+        object.__setattr__(self, "noise_strategy",
+                           noise_strategy_of(self.noise_strategy))
+
+    @property
+    def noise_bands(self) -> int:
+        """b, the bands of the noise strategy (1: independent noise)."""
+        return 1 if self.noise_strategy is None else self.noise_strategy.bands
 
     @property
     def noise_stddev(self) -> float:
@@ -220,6 +242,33 @@ class DPConfig:
         if self.batch_size is not None:
             return self.batch_size
         return num_examples
+
+
+def noise_strategy_of(value):
+    """The `BandedToeplitz` of a `noise_strategy` argument (None stays
+    None): an int b is `BandedToeplitz.bisr(b)`; a dict is a strategy's
+    `to_config()` (a saved optimizer's).
+
+    Raises:
+        ValueError: naming `noise_strategy`, for anything else.
+    """
+    # pylint: disable=import-outside-toplevel
+    from tf_dpadam.privatizer import correlated_noise
+    if value is None or isinstance(value, correlated_noise.BandedToeplitz):
+        return value
+    if validation.is_int(value):
+        validation.check(1 <= value <= correlated_noise.MAX_BANDS,
+                         "noise_strategy", value,
+                         f"to be None, an int in [1,"
+                         f" {correlated_noise.MAX_BANDS}] or a"
+                         " BandedToeplitz")
+        return correlated_noise.BandedToeplitz.bisr(int(value))
+    if isinstance(value, Mapping) and set(value) == {"coefficients", "name"}:
+        return correlated_noise.BandedToeplitz(tuple(value["coefficients"]),
+                                               str(value["name"]))
+    raise ValueError(
+        f"Expected noise_strategy={value!r} to be None, an int number of"
+        " bands or a tf_dpadam.privatizer.correlated_noise.BandedToeplitz.")
 
 
 def noise_stddev(l2_norm_clip, noise_multiplier):

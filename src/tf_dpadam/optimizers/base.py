@@ -99,7 +99,15 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
             noise_multiplier=dp["noise_multiplier"],
             batch_size=dp["batch_size"],
             accumulation_steps=1 if steps is None else steps,
+            noise_strategy=dp["noise_strategy"],
         )
+        if adaptive is not None and dp_config.noise_bands > 1:
+            raise ValueError(
+                f"Expected noise_strategy with 1 band with adaptive clipping"
+                f" (target_unclipped_quantile={target_unclipped_quantile!r}),"
+                f" got {dp_config.noise_bands} bands: correlated noise mixes"
+                " the noise of steps whose C differs, which its sensitivity"
+                " does not allow for.")
         super().__init__(**self.keras_arguments(**kwargs))
         self.dp_config = dp_config
         self._private_apply_depth = 0
@@ -139,6 +147,8 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
             "noise_multiplier": self.noise_multiplier,
             "batch_size": self.batch_size,
             "gradient_accumulation_steps": None if k == 1 else k,
+            "noise_strategy": (None if self.noise_strategy is None
+                               else self.noise_strategy.to_config()),
         })
         return config
 
@@ -174,6 +184,17 @@ class DPOptimizerMixin(compat.OptimizerOverrides):
     @property
     def batch_size(self):
         return self.dp_config.batch_size
+
+    @property
+    def noise_strategy(self):
+        """None (independent noise) or the `BandedToeplitz` of correlated
+        noise."""
+        return self.dp_config.noise_strategy
+
+    @property
+    def noise_bands(self):
+        """b, the noise strategy's bands (1: independent noise)."""
+        return self.dp_config.noise_bands
 
     @property
     def dp_accumulation_steps(self):

@@ -220,8 +220,11 @@ class DPAdamCorrected(_DPAdamBase):
         # is the bias-corrected moving average of the past steps' Phi_tau,
         # with v's own weights: (1 - beta_2) sum_tau beta_2^(t - tau)
         # Phi_tau / (1 - beta_2^t). This variable holds its numerator.
+        # So does Phi_t under correlated noise (its variance grows over the
+        # first steps, `correlated_noise.correlate`).
         self._phi_average = None
-        if self.adaptive_clipping is not None and self.phi is None:
+        if self.phi is None and (self.adaptive_clipping is not None
+                                 or self.noise_bands > 1):
             self._phi_average = self.add_variable(
                 shape=(), initializer="zeros", dtype="float32",
                 aggregation="only_first_replica", name="dp_phi_average")
@@ -234,8 +237,10 @@ class DPAdamCorrected(_DPAdamBase):
 
     def step_phi(self):
         """The Phi subtracted this step: `phi` if given; else
-        (sigma C / B)^2, or under adaptive clipping the bias-corrected
-        moving average of the past steps' (sigma C_tau / B_tau)^2."""
+        (sigma C / B)^2, or under adaptive clipping or correlated noise
+        the bias-corrected moving average of the past steps' Phi_tau
+        (sigma C_tau / B)^2 times the variance of step tau's correlated
+        noise)."""
         if self.phi is not None:
             return ops.convert_to_tensor(self.phi, "float32")
         if self._phi_average is not None:

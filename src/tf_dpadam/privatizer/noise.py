@@ -75,16 +75,21 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
     grads = [ops.cast(g, "float32") for g in grads]
     if not tf.is_tensor(stddev) and stddev == 0:
         return grads
+    return [g + ops.cast(share, "float32") * z
+            for g, z in zip(grads, draw(grads, stddev, seed, secure_mode))]
+
+
+def draw(grads: Sequence, stddev, seed, secure_mode: bool = False) -> list:
+    """The noise that `add_noise` adds (before `share`): one float32
+    N(0, stddev^2) tensor per tensor of `grads` (their shapes), each from
+    its own seed split from `seed`."""
     # Never the same seed twice: equal-shaped tensors would get equal noise.
     seeds = tf.unstack(tf.random.experimental.stateless_split(
         tf.cast(seed, tf.int64), num=len(grads), alg="philox"
     ))
-    return [
-        g + ops.cast(share, "float32") * gaussian(
-            ops.shape(g), stddev, "float32", s, secure_mode=secure_mode
-        )
-        for g, s in zip(grads, seeds)
-    ]
+    return [gaussian(ops.shape(g), stddev, "float32", s,
+                     secure_mode=secure_mode)
+            for g, s in zip(grads, seeds)]
 
 
 def split_seed(seed) -> tuple:

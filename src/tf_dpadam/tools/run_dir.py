@@ -48,6 +48,7 @@ from typing import Any
 
 from absl import logging
 import keras
+import numpy as np
 
 from tf_dpadam.tools import run_ledger
 from tf_dpadam.tools.run_files import (WRITE_TEST, check_writable, io_error,
@@ -59,6 +60,9 @@ CHECKPOINT = "checkpoint.keras"
 PREVIOUS_CHECKPOINT = "checkpoint.prev.keras"
 LEDGER = "ledger.json"
 TRAIN_LOCK = "train.lock"
+# The secret state of correlated noise beside each checkpoint (owner only).
+NOISE_STATE = "noise_state.npz"
+PREVIOUS_NOISE_STATE = "noise_state.prev.npz"
 
 # The run's privacy settings and the usage error of a folder, kept in
 # `run_ledger` with the record they go into.
@@ -307,6 +311,65 @@ def save_checkpoint(model: keras.Model, model_dir: str) -> None:
             os.link(checkpoint, link)
             os.replace(link, os.path.join(model_dir, PREVIOUS_CHECKPOINT))
         os.replace(partial, checkpoint)
+    save_noise_state(model, model_dir)
+
+
+def _noise_history(model):
+    """The model's `NoiseHistory`, or None (not a private model)."""
+    return getattr(model, "noise_history", None)
+
+
+def save_noise_state(model: keras.Model, model_dir: str) -> None:
+    """Writes the model's correlated-noise state (the past noise: SECRET,
+    readable by the owner only) as `NOISE_STATE`, tagged with the
+    optimizer's step, keeping the one before as `PREVIOUS_NOISE_STATE`
+    (beside `PREVIOUS_CHECKPOINT`). Nothing without correlated noise."""
+    history = _noise_history(model)
+    values = None if history is None else history.to_numpy()
+    if values is None:
+        return
+    values["optimizer_step"] = np.asarray(
+        int(model.optimizer.iterations.numpy()))
+    path = os.path.join(model_dir, NOISE_STATE)
+    partial = os.path.join(model_dir, f"noise_state.{os.getpid()}.partial")
+    with writing(path, partial):
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                             0o600)
+        with os.fdopen(descriptor, "wb") as f:
+            np.savez(f, **values)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):
+            os.replace(path, os.path.join(model_dir, PREVIOUS_NOISE_STATE))
+        os.replace(partial, path)
+
+
+def load_noise_state(model: keras.Model, model_dir: str,
+                     checkpoint: str = CHECKPOINT) -> bool:
+    """Gives a model loaded from `checkpoint` its correlated-noise state,
+    if the folder holds the one saved with it (the same optimizer step).
+
+    Returns:
+        Whether a state was restored. Without one the noise history starts
+        again at zero, which is as private (`noise_history`): a log line
+        says so when the folder has a state of another step.
+    """
+    history = _noise_history(model)
+    name = (NOISE_STATE if checkpoint == CHECKPOINT
+            else PREVIOUS_NOISE_STATE)
+    path = os.path.join(model_dir, name)
+    if history is None or not os.path.exists(path):
+        return False
+    with np.load(path) as saved:
+        values = {key: saved[key] for key in saved.files}
+    step = int(model.optimizer.iterations.numpy())
+    if int(values.pop("optimizer_step")) != step:
+        logging.warning(
+            "%s in %s was not saved with the checkpoint (step %d); the"
+            " correlated noise starts a new history.", name, model_dir, step)
+        return False
+    history.restore(values)
+    return True
 
 
 def one_line(error: BaseException) -> str:
@@ -339,6 +402,7 @@ def load_checkpoint(model_dir: str) -> keras.Model | None:
                 "%s in %s is damaged (%s); resuming from the earlier %s"
                 " (step %d).", damaged[0], model_dir, damaged[1], name,
                 int(model.optimizer.iterations.numpy()))
+        load_noise_state(model, model_dir, name)
         return model
     if damaged:
         raise SettingsError(

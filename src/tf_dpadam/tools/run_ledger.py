@@ -52,7 +52,7 @@ PRIVACY_SETTINGS = {
     "batch_size": "--batch_size", "num_examples": "--max_examples (N)",
     "optimizer": "--optimizer",
     "physical_batch_size": "--physical_batch_size", "sampling": None,
-    "delta": "--delta",
+    "delta": "--delta", "noise_bands": "--noise_bands",
 }
 # Settings that follow from those (compared only if those agree, e.g. with a
 # checkpoint from before the ledger, which knows k but not the physical
@@ -74,11 +74,13 @@ class SettingsError(ValueError):
 def privacy_settings(*, noise_multiplier: float, l2_norm_clip: float,
                      batch_size: int, num_examples: int, optimizer: str,
                      physical_batch_size: int | None, accumulation_steps: int,
-                     delta: float, accountant: str = ACCOUNTANT) -> Settings:
+                     delta: float, accountant: str = ACCOUNTANT,
+                     noise_bands: int = 1) -> Settings:
     """The settings a run's privacy depends on, as JSON values: sigma, C,
     the expected (Poisson) B, N, the optimizer's flag name ("dpsgd", ...:
     `tf_dpadam.optimizers.registry`), the physical batch (None: all of a step),
-    k, delta, q = B / N and the accountant (recorded, not compared)."""
+    k, delta, q = B / N, the accountant (recorded, not compared) and the
+    bands of correlated noise (1: independent noise)."""
     return dict(
         noise_multiplier=float(noise_multiplier),
         l2_norm_clip=float(l2_norm_clip), batch_size=int(batch_size),
@@ -86,7 +88,8 @@ def privacy_settings(*, noise_multiplier: float, l2_norm_clip: float,
         sampling_rate=batch_size / num_examples, optimizer=optimizer,
         physical_batch_size=physical_batch_size,
         accumulation_steps=int(accumulation_steps), sampling="poisson",
-        delta=float(delta), accountant=accountant)
+        delta=float(delta), accountant=accountant,
+        noise_bands=int(noise_bands))
 
 
 def checkpoint_settings(model: Any) -> Settings:
@@ -99,7 +102,8 @@ def checkpoint_settings(model: Any) -> Settings:
         l2_norm_clip=float(optimizer.dp_config.l2_norm_clip),  # initial C
         batch_size=optimizer.batch_size,
         optimizer=registry.optimizer_name(optimizer) or name,
-        accumulation_steps=int(optimizer.dp_accumulation_steps))
+        accumulation_steps=int(optimizer.dp_accumulation_steps),
+        noise_bands=int(getattr(optimizer, "noise_bands", 1)))
     segments = model.privacy_ledger.segments
     if segments and segments[-1].mechanism.num_examples is not None:
         settings["num_examples"] = segments[-1].mechanism.num_examples

@@ -137,6 +137,15 @@ class ModelLedger:
         return [key for key in keys if key != STORE_KEY]
 
 
+def plan_source(plan):
+    """What a sampling plan's batches are, for messages."""
+    if hasattr(plan, "source"):
+        return plan.source
+    groups = getattr(plan, "groups", 1)
+    return ("Poisson batches" if groups == 1
+            else f"cyclic Poisson batches of {groups} groups")
+
+
 class LedgerMixin:
     """The ledger's part of `PrivateModel`: the segments its train function
     opens, the stores it writes, and what users read."""
@@ -190,6 +199,14 @@ class LedgerMixin:
                for hook in self.step_hooks):
             sigma = 0.0
         plan = self._fit_plan
+        bands = optimizer.noise_bands
+        if bands > 1 and getattr(plan, "groups", 1) != bands:
+            raise ValueError(
+                f"Expected noise_strategy with 1 band for"
+                f" {'train_on_batch' if plan is None else plan_source(plan)},"
+                f" got {bands} bands: correlated noise is private with"
+                f" cyclic Poisson batches of {bands} groups only. Pass"
+                " in-memory x and y to fit, which samples them.")
         if plan is None:
             return ledger_lib.Mechanism.every_step(
                 sigma, optimizer.dp_accumulation_steps,

@@ -380,6 +380,13 @@ class SamplingFitMixin:
                     f" batches) to be a multiple of the optimizer's"
                     f" gradient_accumulation_steps={k}.")
             logical_steps = steps_per_epoch // k
+            bands = optimizer.noise_bands
+            if logical_steps % bands:
+                raise ValueError(
+                    f"Expected steps_per_epoch={steps_per_epoch!r} to be a"
+                    f" multiple of {bands * k} (the noise_strategy's"
+                    f" {bands} bands times {k} physical batches): each"
+                    " pass of cyclic Poisson batches starts at group 0.")
         arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
         batches = dp_data.poisson_batches(
             arrays, expected_batch_size=b,
@@ -390,6 +397,10 @@ class SamplingFitMixin:
             # The steps this model took, whatever its optimizer counts (a new
             # optimizer starts at 0): a new stream of public nonces.
             first_step=self.privacy_ledger.steps,
+            # Correlated noise: step t samples group t mod b of the noise's
+            # own count t (`noise_history`), across `fit` calls.
+            groups=optimizer.noise_bands,
+            group_offset=self.noise_history.draws,
         )
         plan = sampling_lib.poisson_plan_of(batches.dataset)
         check_poisson_plan(plan, optimizer)

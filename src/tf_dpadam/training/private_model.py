@@ -20,6 +20,7 @@ from tf_dpadam.common import compat
 from tf_dpadam.training import independence
 from tf_dpadam.training import lora_state
 from tf_dpadam.training import model_ledger
+from tf_dpadam.training import noise_history as noise_history_lib
 from tf_dpadam.data import pipeline
 from tf_dpadam.training import private_fit
 from tf_dpadam.privatizer.ghost_clipping import registry
@@ -131,6 +132,8 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
         # Out of sight of tracking: never in `weights`, a saved model or a
         # checkpoint; a loaded or resumed model draws a fresh key.
         self._noise_seeds = _Untracked(seeds.NoiseSeeds(key))
+        # The past noise of correlated noise, as secret as the noise.
+        self._noise_history = _Untracked(noise_history_lib.NoiseHistory())
         # The `StepHooks` of the train step (`add_step_hooks`), untracked:
         # the diagnostics' clean gradients, `tf_dpadam.tools.audit`'s canaries.
         self._step_hooks = _Untracked(
@@ -195,7 +198,15 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
         return train_step_lib.train_step(
             self, data, noise_seeds=self._noise_seeds.value,
             hooks=self.step_hooks, ledger=self._model_ledger,
+            noise_history=self._noise_history.value,
         )
+
+    @property
+    def noise_history(self):
+        """The model's `noise_history.NoiseHistory`: the secret state of
+        correlated noise (an optimizer's `noise_strategy` of b > 1 bands),
+        never saved with the model."""
+        return self._noise_history.value
 
     def per_example_norms_step(self, data) -> tuple:
         """`(norms, present)` of one batch, without an update: every

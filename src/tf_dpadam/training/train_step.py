@@ -37,7 +37,7 @@ from tf_dpadam.training import update as update_lib
 
 
 def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
-               ledger=None) -> dict:
+               ledger=None, noise_history=None) -> dict:
     """One DP step of `model` (a `PrivateModel`) on the batch `data`.
 
     Args:
@@ -47,6 +47,8 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
         hooks: the model's `hooks.StepHooks`.
         ledger: the model's `model_ledger.ModelLedger`, which counts every
             logical step where its noise is drawn.
+        noise_history: the model's `noise_history.NoiseHistory` (for
+            correlated noise).
 
     Returns:
         The logs (loss and metrics), as Keras' `train_step`.
@@ -91,7 +93,7 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
     # Phases 3 to 5: noise, scale, update (once per logical step).
     update_lib.apply_clipped_sum(
         update_lib.Update(optimizer, variables, noise_seeds, tuple(hooks),
-                          model.secure_mode, ledger),
+                          model.secure_mode, ledger, noise_history),
         summed, ops.sum(present), unclipped,
     )
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 from keras import ops
 
 from tf_dpadam.privatizer import adaptive_clipping
+from tf_dpadam.privatizer import correlated_noise
 from tf_dpadam.privatizer import noise
 from tf_dpadam.privatizer import replicas
 
@@ -53,6 +54,9 @@ class Update:
         secure_mode: whether each noise value is a sum of several normals.
         ledger: the model's `model_ledger.ModelLedger` (None: steps not
             counted, for tests of this module only).
+        noise_history: the model's `noise_history.NoiseHistory`, which
+            correlated noise (an optimizer's `noise_strategy` of b > 1
+            bands) needs.
     """
     optimizer: object
     variables: Sequence
@@ -60,6 +64,7 @@ class Update:
     hooks: Sequence = ()
     secure_mode: bool = False
     ledger: object = None
+    noise_history: object = None
 
 
 def count_step(update: Update) -> None:
@@ -151,13 +156,14 @@ def logical_step(update: Update, sums) -> None:
     if sums.unclipped is not None:
         seed, count_seed = noise.split_seed(seed)
 
+    correlated = CorrelatedNoise.of(update)
     noised, count, unclipped = sums.noised(
-        lambda summed, share=1.0: noise.add_noise(
-            summed, noise_stddev, seed, share=share,
-            secure_mode=update.secure_mode),
+        lambda summed, share=1.0: correlated.add_noise(
+            summed, noise_stddev, seed, share),
         lambda unclipped: _count_noise(update, unclipped, count_seed))
     denominator = optimizer.dp_config.denominator(count)
     private_grads, phi = noise.divide(noised, noise_stddev, denominator)
+    phi = correlated.phi(phi)
     fraction = None
     if unclipped is not None:
         fraction = adaptive_clipping.unclipped_fraction(unclipped,
@@ -247,6 +253,58 @@ class ReplicaCopies:
         count = reduced[num_sums]
         unclipped = reduced[num_sums + 1] if adaptive else None
         return reduced[:num_sums], count, unclipped
+
+
+class CorrelatedNoise:
+    """The noise of one logical step: independent (`noise.add_noise`), or
+    correlated by the optimizer's banded `noise_strategy` of b > 1 bands:
+    the same independent draws z_t, turned into w_t by
+    `correlated_noise.correlate` with the model's secret `NoiseHistory`,
+    and Phi_t = Phi times w_t's variance per unit of z_t's."""
+
+    def __init__(self, update, strategy):
+        self.update, self.strategy = update, strategy
+        self.variance = None
+
+    @classmethod
+    def of(cls, update):
+        """The step's noise; refuses correlated noise under `tf.distribute`
+        or without a noise history."""
+        strategy = update.optimizer.noise_strategy
+        if strategy is None or strategy.bands == 1:
+            return cls(update, None)
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                f"Expected noise_strategy with 1 band under tf.distribute,"
+                f" got {strategy.bands} bands: correlated noise runs on one"
+                " device for now.")
+        if update.noise_history is None:
+            raise ValueError("Expected a private model's noise history for"
+                             " correlated noise (noise_strategy).")
+        return cls(update, strategy)
+
+    def add_noise(self, summed, stddev, seed, share=1.0):
+        """`summed` plus `share` times this step's noise (float32)."""
+        update = self.update
+        if self.strategy is None:
+            return noise.add_noise(summed, stddev, seed, share=share,
+                                   secure_mode=update.secure_mode)
+        summed = [ops.cast(g, "float32") for g in summed]
+        history = update.noise_history
+        state = history.state(self.strategy,
+                              [tuple(g.shape) for g in summed])
+        drawn = noise.draw(summed, stddev, seed, update.secure_mode)
+        correlated, self.variance, state = correlated_noise.correlate(
+            self.strategy, drawn, state)
+        history.assign(state)
+        return [g + ops.cast(share, "float32") * w
+                for g, w in zip(summed, correlated)]
+
+    def phi(self, phi):
+        """Phi_t of this step, from the privatizer's Phi."""
+        if self.variance is None:
+            return phi
+        return ops.cast(phi, "float32") * self.variance
 
 
 def _count_noise(update: Update, unclipped, seed):
