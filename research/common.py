@@ -113,12 +113,60 @@ class TrainConfig:
     # training set keeps imbalance_ratio^(c / (K - 1)) of its images; 1.0:
     # all (runs recorded before it read back as 1.0).
     imbalance_ratio: float = 1.0
+    # b, the bands of correlated (BandMF) noise: the optimizer's
+    # `noise_strategy=b` with cyclic Poisson batches of b groups, T steps
+    # accounted as ceil(T / b) DP-SGD steps at q = b B / N; every `fit`
+    # takes a multiple of b steps (`bands_steps`). 1: independent noise,
+    # the runs as before (and their records: `config_record` leaves the
+    # field out at 1; runs recorded before it read back as 1).
+    noise_bands: int = 1
+
+
+def config_record(config):
+    """`dataclasses.asdict(config)`, the config of a run's records
+    (metrics.json, reproduce.json), without `noise_bands` when it is 1: a
+    run with independent noise is recorded as before the field (readers
+    take a missing one as 1, `noise_bands_of`)."""
+    values = dataclasses.asdict(config)
+    if values.get("noise_bands", 1) == 1:
+        values.pop("noise_bands", None)
+    return values
+
+
+def noise_bands_of(config_values):
+    """b of a recorded config (a dict; 1 when absent: independent noise)."""
+    return int((config_values or {}).get("noise_bands", 1))
+
+
+def check_noise_bands(name, value):
+    """--noise_bands: an int b in [1, 64] (`tf_dpadam.data`'s most cyclic
+    Poisson groups)."""
+    if not (isinstance(value, int) and 1 <= value <= MAX_NOISE_BANDS):
+        raise ValueError(f"Expected {name}={value!r} to be an int in"
+                         f" [1, {MAX_NOISE_BANDS}].")
+
+
+# The most bands `tf_dpadam.data.poisson_batches` samples groups for.
+MAX_NOISE_BANDS = 64
+
+
+def bands_steps(steps, bands, *, up=False):
+    """`steps` rounded to a multiple of b = `bands` (every `fit` call of a
+    run with correlated noise takes whole cycles of the b groups): down
+    (at least b: a run's length, `max_steps`) or, with `up`, up (an
+    evaluation interval, the steps a resumed run has taken). The same
+    `steps` for b = 1."""
+    if bands == 1:
+        return steps
+    if up:
+        return -(-steps // bands) * bands
+    return max(bands, steps - steps % bands)
 
 
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
                 batch_size=None, physical_batch_size=None,
                 target_epsilon=7.0, delta=1e-5, epochs=None, eval_every=50,
-                jit_compile=False):
+                jit_compile=False, noise_bands=1):
     """The hyperparameters all runs share; None: PAPER_DEFAULTS[dataset]."""
     defaults = PAPER_DEFAULTS[dataset]
     target_epsilon = target_epsilon or None
@@ -147,6 +195,7 @@ def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
         epochs=epochs,
         eval_every=eval_every,
         jit_compile=jit_compile,
+        noise_bands=noise_bands,
     )
 
 
@@ -173,6 +222,10 @@ def make_optimizer(config, accumulation_steps=1):
         weight_decay=config.weight_decay or None,
         use_ema=config.ema,
         ema_momentum=config.ema_momentum,
+        # Correlated (BandMF) noise of b bands (left out, i.e. None, for
+        # independent noise).
+        **({"noise_strategy": config.noise_bands}
+           if config.noise_bands > 1 else {}),
         **{name: getattr(config, name) for name in RULE_FIELDS
            if name in accepted},
     )
@@ -185,7 +238,10 @@ ACCOUNTANT = "pld"
 
 def total_steps(config, num_examples, accountant=ACCOUNTANT):
     """T: calibrated to --target_epsilon (by `accountant`), or
-    epochs * N / B."""
+    epochs * N / B; with `config.noise_bands` = b > 1 a multiple of b
+    (`calibrate_steps(..., bands=b)`'s; epochs rounded down to one, at
+    least b)."""
+    bands = config.noise_bands
     if config.target_epsilon is not None:
         return tf_dpadam.calibrate_steps(
             target_epsilon=config.target_epsilon,
@@ -194,19 +250,36 @@ def total_steps(config, num_examples, accountant=ACCOUNTANT):
             noise_multiplier=config.noise_multiplier,
             delta=config.delta,
             accountant=accountant,
+            **({"bands": bands} if bands > 1 else {}),
         )
-    return max(1, round(config.epochs * num_examples / config.batch_size))
+    return bands_steps(
+        max(1, round(config.epochs * num_examples / config.batch_size)),
+        bands)
+
+
+def steps_epsilon(*, steps, num_examples, batch_size, noise_multiplier,
+                  delta, noise_bands=1, accountant=ACCOUNTANT):
+    """Epsilon after `steps` Poisson steps; with `noise_bands` = b > 1,
+    of T steps of b-banded correlated noise on cyclic Poisson batches:
+    ceil(T / b) DP-SGD steps at q = b B / N, as the ledger counts them."""
+    if noise_bands > 1:
+        steps = -(-steps // noise_bands)
+        batch_size = noise_bands * batch_size
+    return tf_dpadam.epsilon_after_steps(
+        steps=steps, num_examples=num_examples, batch_size=batch_size,
+        noise_multiplier=noise_multiplier, delta=delta,
+        accountant=accountant)
 
 
 def spent_epsilon(config, steps, num_examples):
     """Epsilon at `config.delta` after `steps` (infinite without noise)."""
     if config.noise_multiplier == 0:
         return math.inf
-    return tf_dpadam.epsilon_after_steps(
+    return steps_epsilon(
         steps=steps, num_examples=num_examples,
         batch_size=config.batch_size,
         noise_multiplier=config.noise_multiplier, delta=config.delta,
-        accountant=ACCOUNTANT,
+        noise_bands=config.noise_bands, accountant=ACCOUNTANT,
     )
 
 

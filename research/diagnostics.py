@@ -85,7 +85,7 @@ def train_with_diagnostics(model_fn, train, test, config, report_steps,
     except ValueError as error:
         raise training.SettingsError(str(error)) from error
     if max_steps is not None:
-        steps = min(steps, max_steps)
+        steps = common.bands_steps(min(steps, max_steps), config.noise_bands)
     moments = tf_dpadam.MomentDiagnostics(
         steps=[s for s in report_steps if s < steps] + [steps]
     )

@@ -76,16 +76,23 @@ def describe_steps(records, few=100):
 def describe_budget(plan):
     """The privacy budget of the plan's runs, for the settings line."""
     calibration = plan.calibration
+    bands = plan.base.noise_bands
+    # Correlated noise (said only for b > 1: the reports of independent
+    # noise unchanged).
+    noise = ("" if bands == 1 else
+             f"; correlated (BandMF) noise of {bands} bands on cyclic"
+             f" Poisson batches of {bands} groups, T steps accounted as"
+             f" ceil(T/{bands}) steps at q = {bands}B/N")
     if calibration is not None:
         return (f"target ε = {calibration.target_epsilon:g} with the steps "
                 f"calibrated by the {calibration.accountant.upper()} "
                 f"accountant ({calibration.steps} steps for "
                 f"{calibration.num_examples} examples, trained as "
                 f"{plan.base.epochs:.4g} epochs; the runs' ε columns are "
-                f"{common.ACCOUNTANT.upper()}'s for those steps)")
+                f"{common.ACCOUNTANT.upper()}'s for those steps){noise}")
     if plan.base.target_epsilon:
-        return f"target ε = {plan.base.target_epsilon:g}"
-    return f"{plan.base.epochs:g} epoch(s), no ε target"
+        return f"target ε = {plan.base.target_epsilon:g}{noise}"
+    return f"{plan.base.epochs:g} epoch(s), no ε target{noise}"
 
 
 def describe_gammas(names):

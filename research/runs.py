@@ -27,6 +27,7 @@ import time
 
 from absl import logging
 
+from research import common
 from tf_dpadam.tools import run_dir
 
 METRICS = "metrics.json"
@@ -128,8 +129,10 @@ class Record:
 
 
 def comparable_config(config):
-    """The config as JSON values, without model_dir (runs may move)."""
-    values = json.loads(json.dumps(dataclasses.asdict(config)))
+    """The config as JSON values, without model_dir (runs may move); as
+    the run's records hold it (`common.config_record`: no `noise_bands`
+    when it is 1)."""
+    values = json.loads(json.dumps(common.config_record(config)))
     values.pop("model_dir", None)
     return values
 
@@ -142,6 +145,13 @@ write_json = run_dir.write_json
 def check_run_dir(model_dir, config, data):
     """Raises if `model_dir` holds a run of other hyperparameters or data."""
     wanted = comparable_config(config)
+    # The fields a record may leave out (`common.config_record`) at their
+    # defaults, on both sides.
+    defaults = {field.name: field.default
+                for field in dataclasses.fields(config)
+                if field.default is not dataclasses.MISSING}
+    wanted = {**{k: v for k, v in defaults.items() if k != "model_dir"},
+              **wanted}
     for source in (read_json(os.path.join(model_dir, SIDECAR)),
                    read_json(os.path.join(model_dir, METRICS))):
         if source is None:
@@ -153,9 +163,9 @@ def check_run_dir(model_dir, config, data):
             # with the seed; runs from before a later field (weight_decay,
             # ema, ...) had its default.
             saved.setdefault("noise_seed", saved.get("seed"))
-            for field in dataclasses.fields(config):
-                if field.default is not dataclasses.MISSING:
-                    saved.setdefault(field.name, field.default)
+            for name, default in defaults.items():
+                if name != "model_dir":
+                    saved.setdefault(name, default)
             if saved != wanted:
                 diff = sorted(k for k in saved.keys() | wanted.keys()
                               if saved.get(k) != wanted.get(k))

@@ -5,8 +5,9 @@ Every binary defines its flags in its own `define_flags()` (called under
 B and the run's length mean the same everywhere:
 
 - `define_dp_flags`: C, sigma, B, the physical batch, the epsilon target or
-  epochs, delta, the evaluation interval, a training subset and XLA (all
-  binaries; None: the paper's value for the dataset).
+  epochs, delta, the evaluation interval, a training subset, XLA and the
+  bands of correlated noise (all binaries; None: the paper's value for the
+  dataset).
 - `define_training_flags`: those and the optimizer's own flags (weight
   decay and parameter averaging too), for the binaries that train one run
   (`train_image`, `train_text`, `diagnostics`); `config_from_flags` turns
@@ -222,6 +223,15 @@ def define_dp_flags(*, eval_every):
                          "default: all).")
     flags.DEFINE_bool("jit_compile", False,
                       "XLA (slower than graphs on CPU, faster on GPU/TPU).")
+    flags.DEFINE_integer("noise_bands", 1,
+                         "b in [1, 64]: correlated noise with b bands"
+                         " (banded matrix factorization; the optimizer's"
+                         " noise_strategy=b) on cyclic Poisson batches of b"
+                         " groups, T steps accounted as ceil(T / b) steps at"
+                         " q = b B / N; the steps, --eval_every and a"
+                         " resume's start are rounded to multiples of b."
+                         " 1: independent noise (DP-SGD's). A resume with"
+                         " another b is refused.")
     check_flag("l2_norm_clip", validation.check_positive)
     check_flag("noise_multiplier", validation.check_non_negative)
     check_flag("batch_size", validation.check_positive_int)
@@ -231,6 +241,7 @@ def define_dp_flags(*, eval_every):
     check_flag("epochs", validation.check_positive_real)
     check_flag("eval_every", validation.check_positive_int)
     check_flag("max_examples", validation.check_positive_int)
+    check_flag("noise_bands", common.check_noise_bands)
 
 
 def define_lr_edge_extensions_flag():
@@ -370,6 +381,7 @@ def config_from_flags(task, flag_values=None):
         weight_decay=f.weight_decay,
         ema=f.ema,
         ema_momentum=f.ema_momentum,
+        noise_bands=f.noise_bands,
     )
 
 
@@ -382,7 +394,8 @@ def base_config_from_flags(dataset, flag_values=None):
         noise_multiplier=f.noise_multiplier, batch_size=f.batch_size,
         physical_batch_size=f.physical_batch_size,
         target_epsilon=f.target_epsilon, delta=f.delta, epochs=f.epochs,
-        eval_every=f.eval_every, jit_compile=f.jit_compile)
+        eval_every=f.eval_every, jit_compile=f.jit_compile,
+        noise_bands=f.noise_bands)
 
 
 def parse_floats(values):

@@ -29,6 +29,13 @@ training set cut by `--imbalance_ratio`, reporting the worst class too) and
 the five optimizers. `--calibration_accountant=rdp` reproduces the sigma or
 steps of the studies recorded before the binaries moved from RDP to PLD.
 
+`--noise_bands=1,4` makes correlated (BandMF) noise a cell dimension: each
+b > 1 adds cells `<cell>_bands<b>` whose runs train with the optimizer's
+`noise_strategy=b` on cyclic Poisson batches of b groups, sigma (with
+--epochs) or the steps (with --noise_multiplier) calibrated for it, each
+(cell, variant) tuned on its own grid (default 1: independent noise, the
+cells and runs as before).
+
 Phases as `research.reproduce`: tune (every grid at the first seed, then,
 while a best rate sits at an end of its grid, up to --lr_edge_extensions
 half-decade rates beyond that end), seeds
@@ -86,6 +93,7 @@ import numpy as np
 # Before the modules that import Keras: it quiets TensorFlow's start-up logs.
 from research import shared_flags  # pylint: disable=g-bad-import-order
 
+from research import common
 from research import datasets
 from research import imbalance
 from research import models
@@ -188,6 +196,14 @@ def define_flags():
                       " to PLD (regime_map_small, recipe_small), whose runs"
                       " it reads back.")
     flags.DEFINE_integer("eval_every", 50, "DP steps between evaluations.")
+    flags.DEFINE_list("noise_bands", ["1"],
+                      "Bands b of correlated noise, a cell dimension (each"
+                      " b in [1, 64] its own cells, named ..._bands<b>):"
+                      " the optimizer's noise_strategy=b on cyclic Poisson"
+                      " batches of b groups, sigma or the steps calibrated"
+                      " for it (T steps count as ceil(T / b) at q = bB/N),"
+                      " the steps and --eval_every multiples of b. 1:"
+                      " independent noise.")
     flags.DEFINE_integer("augmult", 0, "Augmentation multiplicity K (0:"
                          " none).")
     flags.DEFINE_float("ema_momentum", None,
@@ -209,6 +225,9 @@ def define_flags():
         shared_flags.check_list_flag(name, positive)
     shared_flags.check_list_flag(
         "seeds", shared_flags.number_in(shared_flags.check_seed, kind=int))
+    shared_flags.check_list_flag(
+        "noise_bands", shared_flags.number_in(common.check_noise_bands,
+                                              kind=int))
     for name in ("max_examples", "eval_every"):
         shared_flags.check_flag(name, validation.check_positive_int)
     for name in ("epochs", "noise_multiplier", "l2_norm_clip",
@@ -284,7 +303,7 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
                     delta=1e-5, eval_every=50, augmult=0, ema_momentum=None,
                     normalization="none", cnn="paper", weight_decay=0.1,
                     beta_2_high=0.9999, imbalance_ratio=1.0,
-                    calibration_accountant="pld"):
+                    calibration_accountant="pld", noise_bands=(1,)):
     """The `StudyPlan` of study `name` for `num_examples` training images;
     None: the study's default (`STUDY_DEFAULTS`); the arguments are the
     flags'."""
@@ -310,9 +329,10 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
             delta=delta, eval_every=eval_every, augmult=augmult,
             ema_momentum=ema_momentum, normalization=normalization,
             cnn=cnn, imbalance_ratio=imbalance_ratio,
-            accountant=calibration_accountant)
+            accountant=calibration_accountant, noise_bands=int(bands))
         for eps in epsilons or defaults["epsilons"]
-        for b in batch_sizes or defaults["batch_sizes"]]
+        for b in batch_sizes or defaults["batch_sizes"]
+        for bands in noise_bands]
     return study_plan.make_plan(
         name, cells=cells, variants=[table[n] for n in names], seeds=seeds,
         runs_dir=runs_dir, data=data, lr_span=lr_span,
@@ -361,7 +381,8 @@ def main(argv):
             normalization=FLAGS.normalization, cnn=FLAGS.cnn,
             weight_decay=FLAGS.weight_decay, beta_2_high=FLAGS.beta_2_high,
             imbalance_ratio=FLAGS.imbalance_ratio,
-            calibration_accountant=FLAGS.calibration_accountant)
+            calibration_accountant=FLAGS.calibration_accountant,
+            noise_bands=[int(b) for b in FLAGS.noise_bands])
     if FLAGS.phase == "plan":
         print(describe(plan, FLAGS.seconds_per_epoch))
         return

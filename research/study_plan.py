@@ -134,7 +134,7 @@ def half_decade_grid(centre, span):
 
 def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
                     delta, tolerance=EPSILON_TOLERANCE,
-                    accountant=common.ACCOUNTANT):
+                    accountant=common.ACCOUNTANT, noise_bands=1):
     """sigma whose `steps` Poisson-sampled steps spend epsilon in
     [target_epsilon - tolerance, target_epsilon] by `accountant`: by
     default the one the runs record their epsilon with (`common.ACCOUNTANT`,
@@ -143,20 +143,24 @@ def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
     runs spend at most the target).
 
     `tf_dpadam.calibrate_noise_multiplier` brackets sigma within 1% (about
-    1% of epsilon); this bisects its bracket further.
+    1% of epsilon); this bisects its bracket further. With `noise_bands` =
+    b > 1, the epsilon of b-banded correlated noise on cyclic Poisson
+    batches (`common.steps_epsilon`: ceil(T / b) steps at q = b B / N).
 
     Raises:
         ValueError: as `calibrate_noise_multiplier` for impossible targets.
     """
     def epsilon(sigma):
-        return tf_dpadam.epsilon_after_steps(
+        return common.steps_epsilon(
             steps=steps, num_examples=num_examples, batch_size=batch_size,
-            noise_multiplier=sigma, delta=delta, accountant=accountant)
+            noise_multiplier=sigma, delta=delta, noise_bands=noise_bands,
+            accountant=accountant)
 
     high = tf_dpadam.calibrate_noise_multiplier(
         target_epsilon=target_epsilon, num_examples=num_examples,
         batch_size=batch_size, steps=steps, delta=delta,
-        accountant=accountant)
+        accountant=accountant,
+        **({"bands": noise_bands} if noise_bands > 1 else {}))
     low = high / 1.01  # eps(low) > target >= eps(high).
     while epsilon(high) < target_epsilon - tolerance:
         middle = 0.5 * (low + high)
@@ -188,14 +192,17 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
               noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
               eval_every=50, augmult=0, ema_momentum=None,
               normalization="none", cnn="paper", imbalance_ratio=1.0,
-              accountant=common.ACCOUNTANT):
+              accountant=common.ACCOUNTANT, noise_bands=1):
     """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
     `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
     (the most steps within `target_epsilon`), by `accountant` ("pld" or
     "rdp", see `calibrate_noise`). ema_momentum: None for no
     parameter averaging. imbalance_ratio < 1: the training set's classes
     cut geometrically (`research.imbalance`); `num_examples` is then the
-    size of the cut set."""
+    size of the cut set. noise_bands = b > 1: correlated noise of b bands
+    on cyclic Poisson batches (`common.TrainConfig.noise_bands`), the
+    steps a multiple of b (epochs: round(epochs N / B) rounded down), sigma
+    or the steps calibrated for it; the cell's name ends in `_bands<b>`."""
     if (epochs is None) == (noise_multiplier is None):
         raise ValueError("Give exactly one of epochs and noise_multiplier.")
     if batch_size > num_examples:
@@ -205,7 +212,7 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
         "fashion_mnist", l2_norm_clip=l2_norm_clip,
         noise_multiplier=noise_multiplier or 1.0, batch_size=batch_size,
         target_epsilon=None if epochs else target_epsilon, delta=delta,
-        epochs=epochs, eval_every=eval_every)
+        epochs=epochs, eval_every=eval_every, noise_bands=noise_bands)
     calibration = None
     if epochs is None:
         # The runs count their steps with the binaries' accountant: with
@@ -217,7 +224,8 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
     if epochs is not None:
         base = dataclasses.replace(base, noise_multiplier=calibrate_noise(
             target_epsilon, num_examples=num_examples, batch_size=batch_size,
-            steps=steps, delta=delta, accountant=accountant))
+            steps=steps, delta=delta, accountant=accountant,
+            noise_bands=noise_bands))
     base = dataclasses.replace(
         base, augmult=augmult, normalization=normalization, cnn=cnn,
         ema=ema_momentum is not None,
@@ -226,6 +234,8 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
     name = f"eps{target_epsilon:g}_B{batch_size}"
     if imbalance_ratio < 1:
         name += f"_imbalance{imbalance_ratio:g}"
+    if noise_bands != 1:
+        name += f"_bands{noise_bands}"
     return Cell(name, float(target_epsilon), base, steps, num_examples,
                 accountant)
 

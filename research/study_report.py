@@ -96,9 +96,14 @@ def _header(*columns):
 
 
 def _settings_table(plan):
+    # The bands of correlated noise: a column only when a cell has b > 1
+    # (the pages of the studies with independent noise unchanged).
+    bands = any(c.base.noise_bands != 1 for c in plan.cells)
     lines = _header("cell", "ε (target)", "calibrated by", "δ", "B", "N",
                     "steps", "epochs", "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
-                    "normalization", "CNN")
+                    "normalization", "CNN",
+                    *(["noise bands b (cyclic Poisson, q = bB/N)"]
+                      if bands else []))
     for cell in plan.cells:
         c = cell.base
         phi = (c.noise_multiplier * c.l2_norm_clip / c.batch_size) ** 2
@@ -110,7 +115,7 @@ def _settings_table(plan):
             f" {c.noise_multiplier:.5g} | {phi:.3g} | {c.l2_norm_clip:g} |"
             f" {c.augmult or 'none'} |"
             f" {c.ema_momentum if c.ema else 'none'} | {c.normalization} |"
-            f" {c.cnn} |")
+            f" {c.cnn} |" + (f" {c.noise_bands} |" if bands else ""))
     return lines
 
 
@@ -414,6 +419,9 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned,
             "normalization": cell.base.normalization, "cnn": cell.base.cnn,
             "imbalance_ratio": cell.base.imbalance_ratio,
             "calibrated_by": cell.accountant,
+            # Correlated noise's bands, only when b > 1 (a missing one: 1).
+            **({"noise_bands": cell.base.noise_bands}
+               if cell.base.noise_bands != 1 else {}),
         } for cell in plan.cells],
         "best": [{
             "cell": cell, "variant": variant,

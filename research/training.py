@@ -33,7 +33,6 @@ checkpoint's learning rate unless `train_private` is given one (the
 binaries' --learning_rate, `run_dir.resumed`).
 """
 
-import dataclasses
 import functools
 import math
 import os
@@ -56,9 +55,23 @@ def poisson_plan(config, train, first_step=0):
     `train` is `(x, y)` arrays, or a `record_sources.RecordSource` read by
     random access (only the sampled records of each step). `first_step`:
     the steps a resumed run has taken (its batches continue, never replay,
-    theirs).
+    theirs; with `config.noise_bands` = b > 1 a multiple of b, and the
+    batches cyclic Poisson ones over b groups, which a random-access
+    source does not have: a ValueError).
     """
+    bands = config.noise_bands
+    cyclic = {}
+    if bands > 1:
+        # Cyclic Poisson batches of b groups: step t of the run samples
+        # group t mod b (the passes, of `eval_every` rounded up to whole
+        # cycles, and the resumes, at a multiple of b, keep the cycle).
+        cyclic = dict(groups=bands, group_offset=first_step)
     if isinstance(train, record_sources.RecordSource):
+        if bands > 1:
+            raise ValueError(
+                f"Expected --noise_bands=1 with a random-access data source,"
+                f" got {bands}: cyclic Poisson batches (correlated noise)"
+                " need in-memory data.")
         num_examples = len(train)
         make_batches = functools.partial(
             tf_dpadam.data.poisson_batches_from_source, train.source,
@@ -66,12 +79,12 @@ def poisson_plan(config, train, first_step=0):
     else:
         num_examples = len(train[1])
         make_batches = functools.partial(tf_dpadam.data.poisson_batches,
-                                         train)
+                                         train, **cyclic)
     steps = common.total_steps(config, num_examples)  # Before any pipeline.
     batches = make_batches(
         expected_batch_size=config.batch_size,
         physical_batch_size=config.physical_batch_size,
-        steps_per_epoch=config.eval_every,
+        steps_per_epoch=eval_interval(config),
         seed=config.noise_seed,
         first_step=first_step,
         # Graphs take each batch at about its size (0.7x the step time of
@@ -90,6 +103,13 @@ def poisson_plan(config, train, first_step=0):
 # batch larger than the data) or in this model_dir: a usage error of the
 # binaries.
 SettingsError = run_dir_lib.SettingsError
+
+
+def eval_interval(config):
+    """The steps between evaluations: `config.eval_every`, rounded up to a
+    multiple of `config.noise_bands` (every `fit` of correlated noise
+    takes whole cycles of its b groups)."""
+    return common.bands_steps(config.eval_every, config.noise_bands, up=True)
 
 
 def _plan(config, train, first_step):
@@ -332,7 +352,7 @@ def privacy_settings(config, num_examples, accumulation_steps):
         num_examples=num_examples, optimizer=config.optimizer,
         physical_batch_size=config.physical_batch_size,
         accumulation_steps=accumulation_steps, delta=config.delta,
-        accountant=ACCOUNTANT)
+        accountant=ACCOUNTANT, noise_bands=config.noise_bands)
 
 
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
@@ -401,11 +421,15 @@ def _train_private(model, model_fn, train, test, config, loss, *,
     """`train_private`, with its model_dir held: `model` is its checkpoint's
     (None: none, or no model_dir; `run_dir_lib.resumed`)."""
     model_dir = config.model_dir
-    # A resumed run's batches continue the run's, never replay them.
-    done = 0 if model is None else model_steps(model)
+    bands = config.noise_bands
+    # A resumed run's batches continue the run's, never replay them (with
+    # correlated noise from a multiple of b: whole cycles of the groups).
+    done = 0 if model is None else common.bands_steps(model_steps(model),
+                                                      bands, up=True)
     num_examples, steps, batches = _plan(config, train, done)
     if max_steps is not None:
-        steps = min(steps, max_steps)
+        steps = min(steps, common.bands_steps(max_steps, bands))
+    every = eval_interval(config)
     k = batches.accumulation_steps
     if model is None:
         model = tf_dpadam.make_private(model_fn(), seed=config.noise_seed,
@@ -423,7 +447,7 @@ def _train_private(model, model_fn, train, test, config, loss, *,
             model_dir, privacy_settings(config, num_examples, k), model,
             count_all_steps=count_all_steps)
         if model_steps(model) != done:  # With the steps a kill lost.
-            done = model_steps(model)
+            done = common.bands_steps(model_steps(model), bands, up=True)
             batches = _plan(config, train, done)[2]
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
@@ -445,10 +469,8 @@ def _train_private(model, model_fn, train, test, config, loss, *,
     else:
         progress = RunProgress(None, step_log)
     # Last (after PrivacyBudget's epsilon), replacing Keras' bar.
-    callbacks.append(run_dir_lib.ProgressBar(
-        math.ceil(steps / config.eval_every)))
-    for initial_epoch, epochs, length in fit_segments(done, steps,
-                                                      config.eval_every):
+    callbacks.append(run_dir_lib.ProgressBar(math.ceil(steps / every)))
+    for initial_epoch, epochs, length in fit_segments(done, steps, every):
         model.fit(
             batches.dataset.repeat(),
             steps_per_epoch=length * k,
@@ -473,7 +495,7 @@ def _train_private(model, model_fn, train, test, config, loss, *,
     epsilon = (model.spent_epsilon(config.delta, ACCOUNTANT) if ledger is None
                else ledger.epsilon())
     results = {
-        "config": dataclasses.asdict(config),
+        "config": common.config_record(config),
         "num_examples": num_examples,
         "steps": steps_done,
         "planned_steps": steps,

@@ -233,6 +233,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
         ("train_on_batch", "train_on_batch"),
         ("shuffled", "shuffled"),
         ("user_dataset", "dataset"),
+        ("own_cyclic_batches", "cyclic"),
     )
     def test_without_cyclic_batches_refused(self, how):
         model = _zero_gradient_model()
@@ -243,10 +244,33 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                 model.train_on_batch(x[:B], y[:B])
             elif how == "shuffled":
                 model.fit(x, y, batch_size=B, sampling="shuffled", verbose=0)
-            else:
+            elif how == "dataset":
                 model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(B),
                           verbose=0)
+            else:  # Groups that do not continue the noise's cycle.
+                model.fit(tf_dpadam.data.poisson_batches(
+                    (x, y), expected_batch_size=B, groups=4,
+                    group_offset=1).dataset, verbose=0)
         self.assertEqual(model.privacy_ledger.steps, 0)
+
+    def test_own_cyclic_batches_continuing_the_cycle_train(self):
+        model = _zero_gradient_model()
+        _compile(model, 4)
+        x, y = _data()
+        model.fit(x[:40], y[:40], epochs=1, verbose=0)  # 5 -> 8 steps
+        draws = model.noise_history.draws
+        self.assertEqual(draws, 8)
+        batches = tf_dpadam.data.poisson_batches(
+            (x, y), expected_batch_size=B, groups=4, group_offset=draws)
+        model.fit(batches.dataset, verbose=0)
+        self.assertEqual(model.noise_history.draws, 8 + N // B)
+        self.assertEqual(
+            [s.mechanism.bands for s in model.privacy_ledger.segments],
+            [4, 4])
+        with self.assertRaisesRegex(ValueError, "group_offset"):
+            model.fit(tf_dpadam.data.poisson_batches(
+                (x, y), expected_batch_size=B, groups=4,
+                group_offset=draws + 1).dataset, verbose=0)
 
     def test_history_is_never_saved_with_the_model(self):
         model = _zero_gradient_model()

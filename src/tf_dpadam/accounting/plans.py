@@ -35,12 +35,16 @@ class PoissonPlan:
             groups=b)`): 1 for plain Poisson sampling; b > 1: each step
             samples one group at q = min(1, b B / N), the ledger's
             `Mechanism.poisson(..., bands=b)`.
+        group_offset: the group of the pipeline's first step of every pass,
+            in [0, groups) (`poisson_batches(..., group_offset=o)`), which
+            `fit` checks against the noise's steps.
     """
 
     num_examples: int
     expected_batch_size: int
     accumulation_steps: int = 1
     groups: int = 1
+    group_offset: int = 0
 
     amplified: typing.ClassVar[bool] = True
 
@@ -48,6 +52,10 @@ class PoissonPlan:
         validation.check_sizes("num_examples", self.num_examples,
                                self.expected_batch_size)
         validation.check_positive_int("groups", self.groups)
+        validation.check(validation.is_int(self.group_offset)
+                         and 0 <= self.group_offset < self.groups,
+                         "group_offset", self.group_offset,
+                         f"to be an int in [0, groups={self.groups})")
 
     def mechanism(self, noise_multiplier, source="Poisson batches"):
         """The ledger's `Mechanism` of one step of this plan."""

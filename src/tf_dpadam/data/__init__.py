@@ -223,4 +223,5 @@ def poisson_batches(
         return sampling.pad_and_split(rows, tf.size(indices), layout)
 
     return sampling.pipeline(sample_group_step, layout,
-                             first_step=first_step, step_index=True)
+                             first_step=first_step, step_index=True,
+                             group_offset=offset)

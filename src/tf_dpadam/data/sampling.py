@@ -421,14 +421,16 @@ def poisson_plan_of(data):
     return None
 
 
-def layout_plan(layout):
-    """The `plans.PoissonPlan` of a step layout."""
+def layout_plan(layout, group_offset=0):
+    """The `plans.PoissonPlan` of a step layout (cyclic groups: the group of
+    step 0 is `group_offset`)."""
     return plans.PoissonPlan(layout.num_examples, layout.expected_batch_size,
-                             layout.accumulation_steps, groups=layout.groups)
+                             layout.accumulation_steps, groups=layout.groups,
+                             group_offset=group_offset % layout.groups)
 
 
 def pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
-              first_step=0, step_index=False):
+              first_step=0, step_index=False, group_offset=0):
     """The `PoissonBatches` of `sample_step(nonce)`, one call per step.
 
     With `step_index`, `sample_step(j, nonce)` also gets the step's index j
@@ -445,7 +447,7 @@ def pipeline(sample_step, layout, num_parallel_calls=tf.data.AUTOTUNE,
         .unbatch()
         .prefetch(tf.data.AUTOTUNE)
     )
-    register_poisson(dataset, layout_plan(layout))
+    register_poisson(dataset, layout_plan(layout, group_offset))
     return PoissonBatches(
         dataset=dataset,
         sampling_rate=layout.sampling_rate,

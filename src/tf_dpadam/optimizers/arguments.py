@@ -111,7 +111,7 @@ ARGUMENTS = (
         " factorization), `fit` samples cyclic Poisson batches (b groups;"
         " step t samples group t mod b) and accounts them so, and the"
         " optimizer gets the exact per-step Phi_t. One band is DP-SGD's"
-        " noise exactly. b > 1 needs `fit` on in-memory data and one"
+        " noise exactly. b > 1 needs `fit`'s cyclic Poisson batches and one"
         " device (`tf_dpadam.privatizer.correlated_noise`)."),
 )
 NAMES = tuple(argument.name for argument in ARGUMENTS)

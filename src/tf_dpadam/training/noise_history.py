@@ -46,10 +46,30 @@ class NoiseHistory:
 
     @property
     def draws(self) -> int:
-        """The logical steps drawn with the current history (0 if none)."""
+        """The logical steps drawn with the current history (0 if none; a
+        restored state's count before its first step)."""
+        if self._pending is not None:
+            return int(np.asarray(self._pending["draws"]))
         if self._variables is None:
             return 0
         return int(self._variables[3].numpy())
+
+    def draws_for(self, strategy, shapes=None) -> int:
+        """The steps of the history that the next banded step of `strategy`
+        continues (0 for a new one, or without `strategy`): the history is
+        made now (eagerly) where `shapes` are known, so that it does not
+        start again in the step's trace after the batches are aligned with
+        this count.
+
+        Raises:
+            ValueError: a restored state has another strategy.
+        """
+        if strategy is None or strategy.bands == 1:
+            return 0
+        if shapes is None:
+            return self.draws if self.strategy in (None, strategy) else 0
+        self.state(strategy, shapes)
+        return self.draws
 
     def state(self, strategy, shapes) -> correlated_noise.NoiseState:
         """The `NoiseState` for `strategy` and noise tensors of `shapes`,

@@ -129,6 +129,24 @@ def check_poisson_plan(plan, optimizer):
         )
 
 
+def check_cyclic_plan(plan, bands, draws):
+    """Refuses a pipeline whose batches are not cyclic Poisson batches of
+    `bands` groups starting at the noise's step `draws` (mod `bands`)."""
+    groups = getattr(plan, "groups", 1)
+    if groups != bands:
+        return  # The ledger's refusal (`ledger_mechanism`) names the data.
+    if plan.group_offset != draws % bands:
+        raise ValueError(
+            f"Expected cyclic Poisson batches with group_offset={draws} (the"
+            f" noise's steps so far, modulo {bands}) for noise_strategy of"
+            f" {bands} bands, got group_offset={plan.group_offset}: an"
+            " example's steps would come closer than the bands and share"
+            " noise. Build them with tf_dpadam.data.poisson_batches(...,"
+            f" groups={bands},"
+            " group_offset=model.noise_history.draws_for(...)), or pass"
+            " in-memory x and y to fit, which does.")
+
+
 def check_one_worker(strategy):
     """Refuses Poisson batches that tf.distribute would re-shard.
 
@@ -313,8 +331,19 @@ class SamplingFitMixin:
                 steps_per_epoch=steps_per_epoch, class_weight=class_weight,
                 **kwargs)
         k = optimizer.dp_accumulation_steps
+        bands = optimizer.noise_bands
+        # Correlated noise: the noise's own step count, after any restart
+        # of its history (`noise_history.NoiseHistory.draws_for`). Step t
+        # must sample group t mod b (plus a fixed offset) for the whole
+        # history: this is where every fit aligns its batches with it.
+        draws = self.noise_history.draws_for(
+            optimizer.noise_strategy,
+            [v.shape for v in self.trainable_variables] if self.built
+            else None)
         if not is_in_memory(x):
             plan = plan_of_data(x, k)
+            if bands > 1:
+                check_cyclic_plan(plan, bands, draws)
             if plan.amplified:
                 check_poisson_plan(plan, optimizer)
                 if isinstance(x, tf.data.Dataset):
@@ -399,8 +428,8 @@ class SamplingFitMixin:
             first_step=self.privacy_ledger.steps,
             # Correlated noise: step t samples group t mod b of the noise's
             # own count t (`noise_history`), across `fit` calls.
-            groups=optimizer.noise_bands,
-            group_offset=self.noise_history.draws,
+            groups=bands,
+            group_offset=draws,
         )
         plan = sampling_lib.poisson_plan_of(batches.dataset)
         check_poisson_plan(plan, optimizer)
