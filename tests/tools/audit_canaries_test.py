@@ -141,6 +141,16 @@ def test_gradient_canaries_refuse_per_layer_clipping():
                                seed=0).attach(model)
 
 
+def test_gradient_canaries_refuse_correlated_noise():
+    model = tf_dpadam.make_private(helpers.mlp(), seed=1)
+    model.compile(optimizer=tf_dpadam.DPSGD(
+        l2_norm_clip=1.0, noise_multiplier=1.0, batch_size=8,
+        noise_strategy=4), loss=helpers.LOSS)
+    with pytest.raises(ValueError, match="noise_strategy"):
+        audit.GradientCanaries(num_canaries=4, sampling_probability=0.5,
+                               seed=0).attach(model)
+
+
 def wide_private_model():
     keras.utils.set_random_seed(0)
     model = tf_dpadam.make_private(

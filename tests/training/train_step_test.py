@@ -52,5 +52,45 @@ class TrainStepTest(absltest.TestCase):
             np.testing.assert_allclose(ghost, vectorized, atol=1e-5)
 
 
+class StepStateTest(absltest.TestCase):
+    """The one key of the shared clipped sum and of the guard's rechecks."""
+
+    def _model(self):
+        base = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                                 keras.layers.Dense(2)])
+        model = tf_dpadam.make_private(base, check_independence=False)
+        self._compile(model)
+        return model
+
+    def _compile(self, model):
+        model.compile(optimizer=tf_dpadam.DPSGD(l2_norm_clip=1.0,
+                                                noise_multiplier=1.0),
+                      loss="mse")
+
+    def test_equal_until_what_the_trace_depends_on_changes(self):
+        model = self._model()
+        first = train_step.StepState(model)
+        self.assertEqual(first, train_step.StepState(model))
+        self.assertNotEqual(first, train_step.StepState(model, groups=[0]))
+        self._compile(model)  # A new optimizer and compiled loss.
+        recompiled = train_step.StepState(model)
+        self.assertNotEqual(first, recompiled)
+        self.assertTrue(first.same_variables(recompiled))
+        model.base_model.layers[0].trainable = False
+        frozen = train_step.StepState(model)
+        self.assertNotEqual(recompiled, frozen)
+        self.assertFalse(recompiled.same_variables(frozen))
+        model.augmult = 2
+        self.assertNotEqual(frozen, train_step.StepState(model))
+
+    def test_shared_sum_is_made_again_only_on_change(self):
+        model = self._model()
+        function = train_step.shared_clipped_sum(model)
+        self.assertIsNotNone(function)
+        self.assertIs(train_step.shared_clipped_sum(model), function)
+        self._compile(model)
+        self.assertIsNot(train_step.shared_clipped_sum(model), function)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -9,6 +9,7 @@ them, this is the only file to change (the privacy zoo test fails loudly).
 
 import contextlib
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -331,7 +332,11 @@ class LocalBatchSymbolicBuild:
                 return
         try:
             self._symbolic_build(data_batch=data_batch)
-        except Exception:  # pylint: disable=broad-except
+        except Exception as error:  # pylint: disable=broad-except
             # Built in the first trace instead, as Keras does on one
-            # device (e.g. inputs whose specs are not dense tensors).
-            pass
+            # device (e.g. inputs whose specs are not dense tensors): only
+            # a second trace of the first step is lost, so a log line
+            # (not a warning) says why.
+            logging.info("The private model is built in its first step's"
+                         " trace, not before it (%s: %s); that step traces"
+                         " twice.", type(error).__name__, error)

@@ -283,16 +283,10 @@ def shared_clipped_sum(model, groups=None):
     """
     if tf.distribute.has_strategy() or model.jit_compile is True:
         return None
-    objects = (compat.compile_loss(model), model.optimizer, model.augment,
-               *model.trainable_variables)
-    values = (model.augmult, model.clipping,
-              None if groups is None else tuple(groups), len(objects))
+    state = StepState(model, groups)
     entry = _SHARED_SUMS.get(model)
-    if entry is not None:
-        (held, held_values), function = entry
-        if held_values == values and all(
-                a is b for a, b in zip(held, objects)):
-            return function
+    if entry is not None and entry[0] == state:
+        return entry[1]
     model_ref = weakref.ref(model)  # The dictionary's value must not hold it.
 
     def clipped(x, y, sample_weight, present, clip):
@@ -301,8 +295,45 @@ def shared_clipped_sum(model, groups=None):
             dp_math.GroupClip.of(clip, groups))
 
     function = tf.function(clipped, autograph=False)
-    _SHARED_SUMS[model] = ((objects, values), function)
+    _SHARED_SUMS[model] = (state, function)
     return function
+
+
+class StepState:
+    """What a traced private step depends on: the compiled loss, the
+    optimizer, `augment` and the trainable weights, compared by identity
+    (held here, so that a reused `id()` cannot pass for one of them), and
+    `augmult`, the clipping method and the clip groups. The one key of
+    `shared_clipped_sum` and of the independence guard (which checks a
+    batch again when it changes, `independence.probe.state_key`).
+
+    Attributes:
+        variables: the trainable weights, in order.
+    """
+
+    __hash__ = None
+
+    def __init__(self, model, groups=None):
+        self.variables = tuple(model.trainable_variables)
+        self._objects = (compat.compile_loss(model), model.optimizer,
+                         model.augment)
+        self._values = (model.augmult, model.clipping,
+                        None if groups is None else tuple(groups))
+
+    def same_variables(self, other) -> bool:
+        """Whether `other` has the very same trainable weights."""
+        return len(self.variables) == len(other.variables) and all(
+            a is b for a, b in zip(self.variables, other.variables))
+
+    def __eq__(self, other):
+        return (isinstance(other, StepState)
+                and self._values == other._values
+                and all(a is b for a, b in zip(self._objects,
+                                               other._objects))
+                and self.same_variables(other))
+
+    def __ne__(self, other):
+        return not self == other
 
 
 def clipped_sum_by_mode(model, x, y, sample_weight, present,

@@ -205,6 +205,14 @@ class GradientCanaries:
         self._groups = [(index, np.flatnonzero(self._variables == index))
                         for index in np.unique(self._variables)]
         self._signs = self._rng.choice([-1.0, 1.0], self.num_canaries)
+        bands = getattr(model.optimizer, "noise_bands", 1)
+        if bands > 1:
+            raise ValueError(
+                f"Expected noise_strategy with 1 band for the audit, got"
+                f" {bands} bands: its canaries take part in every step, an"
+                " example of cyclic Poisson batches in one step of every"
+                f" {bands}, so their scores would not measure the"
+                " guarantee that the ledger states.")
         if model.optimizer.variable_groups() is not None:
             raise ValueError(
                 "The audit's canaries are clipped to one global norm; an"

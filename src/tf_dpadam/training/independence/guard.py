@@ -332,7 +332,8 @@ class Guard:
             key = probe_lib.state_key(self._model)
             if traced["key"] is None:
                 traced["key"] = key  # The first call traces the step.
-            elif key[1] != traced["key"][1] and not traced["warned"]:
+            elif (not key.same_variables(traced["key"])
+                  and not traced["warned"]):
                 traced["warned"] = True
                 warnings.warn(_RETRACE_WARNING, stacklevel=2)
             if not self._due(key):

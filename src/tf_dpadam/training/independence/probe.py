@@ -12,19 +12,16 @@ again when the compiled loss, the trainable weights or `augment` change.
 
 import tensorflow as tf
 
-from tf_dpadam.common import compat
 from tf_dpadam.privatizer.ghost_clipping import per_example_loss
 from tf_dpadam.privatizer import dp_math
 from tf_dpadam.training import train_step as train_step_lib
 
 
 def state_key(model):
-    """What the step was traced for: the compiled loss, the trainable
-    weights (a `layer.trainable` set during training changes them) and the
-    augmentation."""
-    return (id(compat.compile_loss(model)),
-            tuple(id(v) for v in model.trainable_variables),
-            id(model.augment), model.augmult, model.clipping)
+    """What the step was traced for (`train_step.StepState`: the compiled
+    loss, the optimizer, the trainable weights, which a `layer.trainable`
+    set during training changes, the augmentation and the clipping)."""
+    return train_step_lib.StepState(model)
 
 
 class Probe:
