@@ -49,10 +49,7 @@ flags.DEFINE_float("noise_multiplier", None, "sigma; default: the paper's,"
 flags.DEFINE_integer("batch_size", None, "Expected B; default: the paper's,"
                      " 256 (fashion_mnist), 2048 (cifar10).", lower_bound=1)
 command_line.define_deprecated_alias("epsilon", "adam_epsilon")
-flags.DEFINE_integer("noise_bands", 1, "b: correlated noise with b bands"
-                     " (banded matrix factorization, BISR) and cyclic"
-                     " Poisson batches; 1: DP-SGD's independent noise.",
-                     lower_bound=1, upper_bound=64)
+flags.DEFINE_integer("noise_bands", 1, "BandMF noise's bands.", lower_bound=1)
 flags.DEFINE_float("target_epsilon", 7.0, "The most steps with this epsilon.")
 flags.DEFINE_float("delta", 1e-5, "delta of the guarantee.")
 flags.DEFINE_integer("eval_every", 100, "Steps between evals.", lower_bound=1)
@@ -120,15 +117,15 @@ def make_optimizer(name, *, learning_rate, epsilon, **dp):
 
 def fit_calls(done, steps, every):
     """`(initial_epoch, epochs, steps_per_epoch)` of the `fit` calls taking
-    the steps `done + 1 ... steps`, epochs ending at multiples of `every`."""
-    calls = []
+    steps `done + 1 ... steps` in epochs of `every`, all whole cycles of b."""
+    b, calls = FLAGS.noise_bands, []  # Each call whole cycles of b groups.
+    done, every, steps = -(-done // b) * b, -(-every // b) * b, steps // b * b
     while done < steps:
-        epoch = done // every
-        length = min((epoch + 1) * every, steps) - done
-        if calls and calls[-1][1:] == (epoch, length):
-            calls[-1] = (calls[-1][0], epoch + 1, length)
+        length = min((done // every + 1) * every, steps) - done  # Epoch's.
+        if calls and calls[-1][1:] == (done // every, length):
+            calls[-1] = (calls[-1][0], done // every + 1, length)
         else:
-            calls.append((epoch, epoch + 1, length))
+            calls.append((done // every, done // every + 1, length))
         done += length
     return calls
 
@@ -149,13 +146,10 @@ def train():
     (x, y), (x_test, y_test) = load_dataset(FLAGS.dataset, FLAGS.data_dir)
     run_dir = tf_dpadam.run_dir  # TensorFlow loads now, after the data.
     x, y = x[:FLAGS.max_examples], y[:FLAGS.max_examples]
-    bands = FLAGS.noise_bands  # Every fit call takes a multiple of b steps.
     steps = FLAGS.max_steps or tf_dpadam.calibrate_steps(  # No search if set.
         target_epsilon=FLAGS.target_epsilon, num_examples=len(y),
         delta=FLAGS.delta, accountant="pld", batch_size=dp["batch_size"],
-        noise_multiplier=dp["noise_multiplier"], bands=bands)
-    steps = max(bands, steps - steps % bands)
-    every = -(-FLAGS.eval_every // bands) * bands
+        noise_multiplier=dp["noise_multiplier"], bands=FLAGS.noise_bands)
 
     def build():
         import keras  # pylint: disable=g-import-not-at-top
@@ -164,9 +158,8 @@ def train():
             make_cnn(x.shape[1:], int(y.max()) + 1), seed=FLAGS.noise_seed)
         model.compile(
             optimizer=make_optimizer(
-                name, **dp,
+                name, **dp, noise_strategy=FLAGS.noise_bands,
                 learning_rate=FLAGS.learning_rate or LEARNING_RATES[name],
-                noise_strategy=bands if bands > 1 else None,
                 epsilon=(FLAGS.adam_epsilon if FLAGS.adam_epsilon is not None
                          else paper["gamma_prime"] if name == "dpadam_corrected"
                          else 1e-8)),
@@ -177,7 +170,7 @@ def train():
     callbacks = [tf_dpadam.PrivacyBudget(
         num_examples=len(y), accountant="pld", delta=FLAGS.delta,
         target_epsilon=FLAGS.target_epsilon),  # Bar: Epoch k/<run's last>.
-        run_dir.ProgressBar(fit_calls(0, steps, every)[-1][1])]
+        run_dir.ProgressBar(fit_calls(0, steps, FLAGS.eval_every)[-1][1])]
     model_dir = FLAGS.model_dir  # A resume takes --learning_rate if given.
     with run_dir.resumed(model_dir, FLAGS.learning_rate) as model:
         model = model or build()
@@ -186,16 +179,14 @@ def train():
                 **dp, num_examples=len(y), optimizer=name,
                 physical_batch_size=None, delta=FLAGS.delta,
                 accumulation_steps=model.optimizer.dp_accumulation_steps,
-                noise_bands=bands),
+                noise_bands=FLAGS.noise_bands),
                 model, count_all_steps=FLAGS.resume_counting_all_steps)
             callbacks.append(run_dir.AtomicCheckpoint(model_dir, ledger))
-        done = model.privacy_ledger.steps  # > 0: resumed (to a multiple
-        done = -(-done // bands) * bands  # of b: cyclic batches' passes).
-        for initial_epoch, epochs, length in fit_calls(done, steps, every):
+        for initial_epoch, epochs, length in fit_calls(  # > 0 done: resumed.
+                model.privacy_ledger.steps, steps, FLAGS.eval_every):
             model.fit(x, y, initial_epoch=initial_epoch, epochs=epochs,
                       steps_per_epoch=length, callbacks=callbacks,
-                      validation_data=(x_test, y_test),
-                      validation_batch_size=512,
+                      validation_data=(x_test, y_test), validation_batch_size=512,
                       verbose=1 if sys.stdout.isatty() else 2)
             if model.stop_training:  # PrivacyBudget: --target_epsilon.
                 break
