@@ -10,6 +10,7 @@ discretization (1e-3) or RDP orders, as in `ledger_test.py`.
 import math
 
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 import dp_accounting
 
@@ -184,6 +185,7 @@ class CyclicMechanismTest(parameterized.TestCase):
 class CyclicCalibrationTest(parameterized.TestCase):
 
     @parameterized.parameters(("rdp", 2), ("rdp", 8), ("pld", 4))
+    @pytest.mark.slow
     def test_calibrated_sigma_meets_the_ledgers_epsilon(self, name, bands):
         n, batch, epochs, target = 60000, 256, 2, 3.0
         sigma = accounting.calibrate_noise_multiplier(
@@ -205,6 +207,7 @@ class CyclicCalibrationTest(parameterized.TestCase):
 
 
     @parameterized.parameters(("rdp", 4), ("pld", 2))
+    @pytest.mark.slow
     def test_calibrated_steps_are_the_most_within_the_target(self, name,
                                                               bands):
         n, batch, sigma, target = 60000, 256, 0.8, 2.0

@@ -5,6 +5,7 @@ from unittest import mock
 import keras
 import numpy as np
 from absl.testing import absltest
+import pytest
 
 import tf_dpadam
 from tf_dpadam.common import compat
@@ -88,9 +89,11 @@ def _traces_of_first_step(fail_symbolic_build=False):
 
 class SymbolicBuildTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_metrics_do_not_trace_the_first_step_twice(self):
         self.assertEqual(_traces_of_first_step(), 1)
 
+    @pytest.mark.slow
     def test_a_model_that_cannot_build_symbolically_trains_and_says_why(self):
         with self.assertLogs(level="INFO") as logs:
             traces = _traces_of_first_step(fail_symbolic_build=True)

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 import tf_dpadam
@@ -101,6 +102,7 @@ def _check_covariance(test, noise, strategy, block_at=None):
 
 class CorrelatedNoiseFitTest(parameterized.TestCase):
 
+    @pytest.mark.slow
     def test_one_band_is_dp_sgds_step_bit_for_bit(self):
         results = []
         for strategy in (None, 1, correlated_noise.BandedToeplitz((2.0,))):
@@ -127,6 +129,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
         ("accumulation", 4, 2, False),
         ("xla", 2, 1, True),
     )
+    @pytest.mark.slow
     def test_noise_covariance_is_the_strategys(self, bands, accumulation,
                                                jit_compile):
         strategy = correlated_noise.BandedToeplitz.bisr(bands)
@@ -145,6 +148,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
             _check_covariance(self, noise,
                               correlated_noise.BandedToeplitz((1.0,)))
 
+    @pytest.mark.slow
     def test_kill_and_resume_continues_the_noise_stream(self):
         strategy = correlated_noise.BandedToeplitz.optimized(4, 16)
         for keep_state in (True, False):
@@ -171,6 +175,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                     with self.assertRaises(AssertionError):
                         _check_covariance(self, noise, strategy)
 
+    @pytest.mark.slow
     def test_resume_with_another_strategy_is_refused(self):
         with tempfile.TemporaryDirectory() as folder:
             model = _zero_gradient_model()
@@ -182,6 +187,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
             with self.assertRaisesRegex(ValueError, "noise_strategy"):
                 _fit(resumed, 1, _Record())
 
+    @pytest.mark.slow
     def test_corrected_adam_gets_the_exact_phi_t(self):
         bands = 4
         model = _zero_gradient_model()
@@ -202,6 +208,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                                        rtol=1e-5)
         self.assertGreater(expected[-1] / expected[0], 1.3)
 
+    @pytest.mark.slow
     def test_epsilon_is_dp_accountings_of_the_amplified_mechanism(self):
         bands, delta = 4, 1e-5
         model = _zero_gradient_model()
@@ -253,6 +260,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                     group_offset=1).dataset, verbose=0)
         self.assertEqual(model.privacy_ledger.steps, 0)
 
+    @pytest.mark.slow
     def test_own_cyclic_batches_continuing_the_cycle_train(self):
         model = _zero_gradient_model()
         _compile(model, 4)
@@ -272,6 +280,7 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                 (x, y), expected_batch_size=B, groups=4,
                 group_offset=draws + 1).dataset, verbose=0)
 
+    @pytest.mark.slow
     def test_history_is_never_saved_with_the_model(self):
         model = _zero_gradient_model()
         _compile(model, 4)

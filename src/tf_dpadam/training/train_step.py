@@ -309,15 +309,17 @@ class StepState:
 
     Attributes:
         variables: the trainable weights, in order.
+        objects: the compiled loss, the optimizer and `augment`.
+        values: `augmult`, the clipping method and the clip groups.
     """
 
     __hash__ = None
 
     def __init__(self, model, groups=None):
         self.variables = tuple(model.trainable_variables)
-        self._objects = (compat.compile_loss(model), model.optimizer,
+        self.objects = (compat.compile_loss(model), model.optimizer,
                          model.augment)
-        self._values = (model.augmult, model.clipping,
+        self.values = (model.augmult, model.clipping,
                         None if groups is None else tuple(groups))
 
     def same_variables(self, other) -> bool:
@@ -327,9 +329,9 @@ class StepState:
 
     def __eq__(self, other):
         return (isinstance(other, StepState)
-                and self._values == other._values
-                and all(a is b for a, b in zip(self._objects,
-                                               other._objects))
+                and self.values == other.values
+                and all(a is b for a, b in zip(self.objects,
+                                               other.objects))
                 and self.same_variables(other))
 
     def __ne__(self, other):
