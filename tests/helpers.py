@@ -9,6 +9,7 @@ research/tests/research_helpers.py: nothing here imports `research`.
 import os
 import random
 
+import dp_accounting
 import keras
 import numpy as np
 import tensorflow as tf
@@ -25,6 +26,33 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 # tests/ and the repository root, for test modules in any subfolder.
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
+
+
+def reference_accountant(name):
+    """dp-accounting's own accountant as the ledger configures it: "pld"
+    (add-or-remove-one, the package's value discretization) or else RDP
+    over `RDP_ORDERS`; for independent expected epsilons."""
+    adjacency = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    if name == "pld":
+        return dp_accounting.pld.PLDAccountant(
+            adjacency, value_discretization_interval=(
+                tf_dpadam.accounting.PLD_VALUE_DISCRETIZATION_INTERVAL))
+    return dp_accounting.rdp.RdpAccountant(
+        list(tf_dpadam.accounting.RDP_ORDERS), adjacency)
+
+
+def seeded_poisson_batches(test, data, **kwargs):
+    """`tf_dpadam.data.poisson_batches` with an explicit seed, which must
+    warn."""
+    with test.assertWarnsRegex(
+            UserWarning, r"poisson_batches uses the explicit seed=\d+: anyone"
+            " who knows it can regenerate every batch"):
+        return tf_dpadam.data.poisson_batches(data, **kwargs)
+
+
+def indexed_data(n):
+    """`(x, y)` of n examples whose labels are their indices."""
+    return np.zeros((n, 1), "float32"), np.arange(n)
 
 
 def classification_data(n, d=6, classes=3, seed=0):

@@ -10,31 +10,23 @@ discretization (1e-3) or RDP orders, as in `ledger_test.py`.
 import math
 
 from absl.testing import absltest
-import pytest
 from absl.testing import parameterized
 import dp_accounting
+import pytest
 
 from tf_dpadam import accounting
 from tf_dpadam.accounting import ledger as ledger_lib
 from tf_dpadam.accounting import plans
 
+import helpers
+
 DELTA = 1e-5
-_ADJACENCY = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 Mechanism = ledger_lib.Mechanism
-
-
-def _accountant(name):
-    if name == "pld":
-        return dp_accounting.pld.PLDAccountant(
-            _ADJACENCY, value_discretization_interval=(
-                accounting.PLD_VALUE_DISCRETIZATION_INTERVAL))
-    return dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS),
-                                           _ADJACENCY)
 
 
 def _reference(q, sigma, steps, name):
     """dp-accounting's epsilon of `steps` Poisson-sampled Gaussian steps."""
-    accountant = _accountant(name)
+    accountant = helpers.reference_accountant(name)
     accountant.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(
             q, dp_accounting.GaussianDpEvent(sigma)), steps))

@@ -16,18 +16,10 @@ from tf_dpadam import accounting
 from tf_dpadam.accounting import ledger as ledger_lib
 from tf_dpadam.accounting import passes
 
+import helpers
+
 DELTA = 1e-5
-_ADJACENCY = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 Mechanism = ledger_lib.Mechanism
-
-
-def _accountant(name):
-    if name == "pld":
-        return dp_accounting.pld.PLDAccountant(
-            _ADJACENCY, value_discretization_interval=(
-                accounting.PLD_VALUE_DISCRETIZATION_INTERVAL))
-    return dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS),
-                                           _ADJACENCY)
 
 
 # Fixed-batch segments are one Gaussian mechanism of multiplier
@@ -38,7 +30,7 @@ _COMPOSED_GAUSSIANS_RTOL = 1e-6
 
 
 def _reference(events, name="pld"):
-    accountant = _accountant(name)
+    accountant = helpers.reference_accountant(name)
     for event in events:
         accountant.compose(event)
     return accountant.get_epsilon(DELTA)
@@ -130,7 +122,7 @@ class EpsilonTest(parameterized.TestCase):
     def test_dp_event_is_the_composition(self):
         ledger = _ledger((Mechanism.poisson(1.0, 256, 16), 32),
                          (Mechanism.passes(2.0, 8), 16))
-        accountant = _accountant("pld")
+        accountant = helpers.reference_accountant("pld")
         accountant.compose(ledger.dp_event())
         self.assertAlmostEqual(accountant.get_epsilon(DELTA),
                                ledger.epsilon(DELTA), places=6)

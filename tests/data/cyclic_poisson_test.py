@@ -14,18 +14,7 @@ from absl.testing import parameterized
 from tf_dpadam import data as dp_data
 from tf_dpadam.data import sampling
 
-
-def _seeded_batches(test, data, **kwargs):
-    """`poisson_batches` with an explicit seed, which must warn."""
-    with test.assertWarnsRegex(
-            UserWarning, r"poisson_batches uses the explicit seed=\d+: anyone"
-            " who knows it can regenerate every batch"):
-        return dp_data.poisson_batches(data, **kwargs)
-
-
-def _indexed_data(n):
-    """Labels are the examples' indices."""
-    return np.zeros((n, 1), "float32"), np.arange(n)
+import helpers
 
 
 def _steps(batches, passes=1):
@@ -51,8 +40,8 @@ class CyclicPoissonTest(parameterized.TestCase):
     def test_each_step_samples_the_next_group_across_passes(
             self, physical_batch_size, offset):
         n, batch, groups = 130, 10, 3
-        batches = _seeded_batches(
-            self, _indexed_data(n), expected_batch_size=batch,
+        batches = helpers.seeded_poisson_batches(
+            self, helpers.indexed_data(n), expected_batch_size=batch,
             physical_batch_size=physical_batch_size, groups=groups,
             group_offset=offset, seed=11)
         if physical_batch_size is not None:
@@ -75,8 +64,8 @@ class CyclicPoissonTest(parameterized.TestCase):
                              for a, b in zip(steps[:15], steps[15:])))
 
     def test_a_given_steps_per_epoch_is_rounded_up_to_whole_cycles(self):
-        batches = _seeded_batches(
-            self, _indexed_data(100), expected_batch_size=5,
+        batches = helpers.seeded_poisson_batches(
+            self, helpers.indexed_data(100), expected_batch_size=5,
             steps_per_epoch=5, groups=4, seed=3)
         self.assertEqual(batches.steps_per_epoch, 8)
         steps = _steps(batches, passes=2)
@@ -86,8 +75,8 @@ class CyclicPoissonTest(parameterized.TestCase):
     def test_inclusion_frequency_is_q_in_the_groups_steps(self):
         n, batch, groups = 64, 4, 4
         q = groups * batch / n  # 0.25
-        batches = _seeded_batches(
-            self, _indexed_data(n), expected_batch_size=batch,
+        batches = helpers.seeded_poisson_batches(
+            self, helpers.indexed_data(n), expected_batch_size=batch,
             steps_per_epoch=400, groups=groups, seed=5)
         self.assertEqual(batches.sampling_rate, q)
         counts = np.zeros(n)
@@ -103,12 +92,12 @@ class CyclicPoissonTest(parameterized.TestCase):
         self.assertLess(abs(counts.sum() - n * own_steps * q), 5 * total_sd)
 
     def test_one_group_gives_the_batches_of_plain_poisson_sampling(self):
-        x, y = _indexed_data(200)
+        x, y = helpers.indexed_data(200)
         kwargs = dict(expected_batch_size=20, physical_batch_size=8,
                       steps_per_epoch=3, seed=7)
-        plain = _seeded_batches(self, (x, y), **kwargs)
-        one = _seeded_batches(self, (x, y), groups=1, **kwargs)
-        shifted = _seeded_batches(self, (x, y), groups=1, group_offset=5,
+        plain = helpers.seeded_poisson_batches(self, (x, y), **kwargs)
+        one = helpers.seeded_poisson_batches(self, (x, y), groups=1, **kwargs)
+        shifted = helpers.seeded_poisson_batches(self, (x, y), groups=1, group_offset=5,
                                   **kwargs)
         expected = _steps(plain, passes=2)
         for batches in (one, shifted):
@@ -122,8 +111,8 @@ class CyclicPoissonTest(parameterized.TestCase):
 
     def test_capacity_rate_and_plan_are_the_groups(self):
         n, batch, groups, physical = 400, 20, 5, 8
-        batches = _seeded_batches(
-            self, _indexed_data(n), expected_batch_size=batch,
+        batches = helpers.seeded_poisson_batches(
+            self, helpers.indexed_data(n), expected_batch_size=batch,
             physical_batch_size=physical, groups=groups, seed=2)
         q = groups * batch / n
         self.assertEqual(batches.sampling_rate, q)
@@ -167,13 +156,13 @@ class CyclicPoissonTest(parameterized.TestCase):
     def test_bad_arguments(self, kwargs, name):
         # N = 100, B = 10: at most 10 groups.
         with self.assertRaisesRegex(ValueError, name):
-            dp_data.poisson_batches(_indexed_data(100),
+            dp_data.poisson_batches(helpers.indexed_data(100),
                                     expected_batch_size=10, **kwargs)
 
     def test_ten_groups_of_ten_sample_every_group_whole(self):
         # g B = N: q = 1, each step is its whole group.
-        batches = _seeded_batches(
-            self, _indexed_data(100), expected_batch_size=10, groups=10,
+        batches = helpers.seeded_poisson_batches(
+            self, helpers.indexed_data(100), expected_batch_size=10, groups=10,
             seed=1)
         self.assertEqual(batches.sampling_rate, 1.0)
         for j, rows in enumerate(_steps(batches)):

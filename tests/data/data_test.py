@@ -25,14 +25,6 @@ from tf_dpadam import data as dp_data
 import helpers
 
 
-def _seeded_batches(test, data, **kwargs):
-    """`poisson_batches` with an explicit seed, which must warn."""
-    with test.assertWarnsRegex(
-            UserWarning, r"poisson_batches uses the explicit seed=\d+: anyone"
-            " who knows it can regenerate every batch"):
-        return dp_data.poisson_batches(data, **kwargs)
-
-
 def _sampled(dataset):
     """The sorted indices of the examples of each step (k = 1), as tuples.
 
@@ -48,10 +40,6 @@ def _model(seed, regularized=False):
     return mlp(d=5, hidden=7, seed=seed, kernel_regularizer=regularizer)
 
 
-def _indexed_data(n):
-    return np.zeros((n, 1), "float32"), np.arange(n)
-
-
 class PoissonBatchesTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
@@ -63,7 +51,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         x = np.arange(n, dtype="float32")[:, None] + 1.0
         y = np.arange(n)
         # A fixed seed keeps the reachability check below deterministic.
-        batches = _seeded_batches(
+        batches = helpers.seeded_poisson_batches(
             self, (x, y), expected_batch_size=b, physical_batch_size=16,
             seed=0, pad_to_multiple_of=multiple,
         )
@@ -183,7 +171,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         x, y = classification_data(90, d=5, seed=8)
         rows, weights = {}, {}
         for pad in (True, False):
-            batches = _seeded_batches(
+            batches = helpers.seeded_poisson_batches(
                 self, (x, y), expected_batch_size=20, physical_batch_size=16,
                 steps_per_epoch=4, seed=9,
                 pad_to_multiple_of=None if pad else 1,
@@ -210,7 +198,7 @@ class PoissonBatchesTest(parameterized.TestCase):
         # q = 1 / 200: a step samples nobody with probability 0.37.
         x, y = classification_data(200, d=5, seed=11)
         # A fixed seed: 12 steps have no empty one with probability 0.4%.
-        batches = _seeded_batches(
+        batches = helpers.seeded_poisson_batches(
             self, (x, y), expected_batch_size=1, steps_per_epoch=12, seed=12,
             pad_to_multiple_of=1,
         )
@@ -280,7 +268,7 @@ class SamplingSeedTest(absltest.TestCase):
     """The sampling is secret by default and reproducible only on request."""
 
     def test_global_seeds_do_not_fix_the_default_sampling(self):
-        x, y = _indexed_data(200)
+        x, y = helpers.indexed_data(200)
         runs = []
         for _ in range(2):
             seed_everything(0)
@@ -294,12 +282,12 @@ class SamplingSeedTest(absltest.TestCase):
             self.assertNotEqual(first, second)
 
     def test_an_explicit_seed_alone_fixes_the_batches(self):
-        x, y = _indexed_data(200)
+        x, y = helpers.indexed_data(200)
         runs = []
         for global_seed in (0, 1):
             # Other global seeds, same explicit seed: the same batches.
             seed_everything(global_seed)
-            batches = _seeded_batches(self, (x, y), expected_batch_size=20,
+            batches = helpers.seeded_poisson_batches(self, (x, y), expected_batch_size=20,
                                       steps_per_epoch=3, seed=7)
             passes = [_sampled(batches.dataset) for _ in range(2)]
             passes.append(_sampled(batches.dataset.repeat(2)))
@@ -311,7 +299,7 @@ class SamplingSeedTest(absltest.TestCase):
         self.assertNotEqual(repeated[:3], repeated[3:])
         self.assertNotIn(first, (repeated[:3], repeated[3:]))
         # Another seed, other batches.
-        other = _seeded_batches(self, (x, y), expected_batch_size=20,
+        other = helpers.seeded_poisson_batches(self, (x, y), expected_batch_size=20,
                                 steps_per_epoch=3, seed=8)
         self.assertNotEqual(_sampled(other.dataset), first)
 
@@ -319,7 +307,7 @@ class SamplingSeedTest(absltest.TestCase):
             self):
         # The rows are taken from the caller's arrays: no variable is made
         # (inside a strategy's scope it would be mirrored on every device).
-        x, y = _indexed_data(200)
+        x, y = helpers.indexed_data(200)
         kwargs = dict(expected_batch_size=20, steps_per_epoch=3, seed=7)
         made = []
 
@@ -328,9 +316,9 @@ class SamplingSeedTest(absltest.TestCase):
             return next_creator(**variable)
 
         with tf.variable_creator_scope(recording):
-            outside = _seeded_batches(self, (x, y), **kwargs)
+            outside = helpers.seeded_poisson_batches(self, (x, y), **kwargs)
             with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
-                inside = _seeded_batches(self, (x, y), **kwargs)
+                inside = helpers.seeded_poisson_batches(self, (x, y), **kwargs)
             self.assertEqual(_sampled(inside.dataset),
                              _sampled(outside.dataset))
         self.assertEmpty(made)
@@ -342,7 +330,7 @@ class SamplingSeedTest(absltest.TestCase):
              "raw": np.array([f"\u00e0{i}" for i in range(n)], object),
              "flag": np.arange(n) % 2 == 0}
         y = np.arange(n, dtype=np.float64)
-        batches = _seeded_batches(self, (x, y), expected_batch_size=10,
+        batches = helpers.seeded_poisson_batches(self, (x, y), expected_batch_size=10,
                                   steps_per_epoch=3, seed=7)
         for features, labels, weights in batches.dataset:
             self.assertEqual(labels.dtype, tf.float64)
@@ -365,14 +353,14 @@ class SamplingSeedTest(absltest.TestCase):
         # with the same explicit seed, its batches are new (not the first
         # steps' again, which the accounting counts as independent), and
         # reproducible. first_step=0 is the original stream.
-        x, y = _indexed_data(200)
-        first = _sampled(_seeded_batches(
+        x, y = helpers.indexed_data(200)
+        first = _sampled(helpers.seeded_poisson_batches(
             self, (x, y), expected_batch_size=20, steps_per_epoch=3,
             seed=7).dataset)
-        self.assertEqual(_sampled(_seeded_batches(
+        self.assertEqual(_sampled(helpers.seeded_poisson_batches(
             self, (x, y), expected_batch_size=20, steps_per_epoch=3, seed=7,
             first_step=0).dataset), first)
-        resumed = [_sampled(_seeded_batches(
+        resumed = [_sampled(helpers.seeded_poisson_batches(
             self, (x, y), expected_batch_size=20, steps_per_epoch=3, seed=7,
             first_step=3).dataset) for _ in range(2)]
         self.assertEqual(resumed[0], resumed[1])
@@ -389,7 +377,7 @@ class SamplingSeedTest(absltest.TestCase):
 
     def test_default_sampling_is_bernoulli_q_per_example_and_step(self):
         n, b, steps = 200, 20, 200
-        x, y = _indexed_data(n)
+        x, y = helpers.indexed_data(n)
         seed_everything(0)
         batches = dp_data.poisson_batches(
             (x, y), expected_batch_size=b, steps_per_epoch=steps)
