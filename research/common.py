@@ -262,13 +262,10 @@ def steps_epsilon(*, steps, num_examples, batch_size, noise_multiplier,
     """Epsilon after `steps` Poisson steps; with `noise_bands` = b > 1,
     of T steps of b-banded correlated noise on cyclic Poisson batches:
     ceil(T / b) DP-SGD steps at q = b B / N, as the ledger counts them."""
-    if noise_bands > 1:
-        steps = -(-steps // noise_bands)
-        batch_size = noise_bands * batch_size
     return tf_dpadam.epsilon_after_steps(
         steps=steps, num_examples=num_examples, batch_size=batch_size,
         noise_multiplier=noise_multiplier, delta=delta,
-        accountant=accountant)
+        accountant=accountant, bands=noise_bands)
 
 
 def spent_epsilon(config, steps, num_examples):

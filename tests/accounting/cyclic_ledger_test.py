@@ -174,6 +174,18 @@ class CyclicMechanismTest(parameterized.TestCase):
             plans.PoissonPlan(6000, 100, groups=0)
 
 
+    @parameterized.parameters("pld", "rdp")
+    def test_epsilon_after_steps_with_bands_is_the_ledgers(self, name):
+        n, batch, sigma, steps, bands = 60000, 256, 1.1, 1001, 4
+        self.assertEqual(
+            accounting.epsilon_after_steps(
+                steps=steps, num_examples=n, batch_size=batch,
+                noise_multiplier=sigma, delta=DELTA, accountant=name,
+                bands=bands),
+            _ledger((Mechanism.poisson(sigma, n, batch, bands=bands),
+                     steps)).epsilon(DELTA, name))
+
+
 class CyclicCalibrationTest(parameterized.TestCase):
 
     @parameterized.parameters(("rdp", 2), ("rdp", 8), ("pld", 4))

@@ -337,6 +337,7 @@ def epsilon_after_steps(
     noise_multiplier: float,
     delta: float,
     accountant: str = "rdp",
+    bands: int = 1,
 ) -> float:
     """Epsilon after T Poisson-sampled Gaussian steps.
 
@@ -364,6 +365,10 @@ def epsilon_after_steps(
         noise_multiplier: sigma > 0.
         delta: Target delta in (0, 1).
         accountant: "rdp" or "pld" (a name in `ACCOUNTANTS`).
+        bands: b, the bands of a correlated `noise_strategy` on cyclic
+            Poisson batches of b groups: T steps are then ceil(T / b) steps
+            at q = min(1, b B / N) (`epsilon.banded_dp_sgd_event`, as the
+            ledger counts them).
 
     Returns:
         epsilon as a float (`inf` if the accountant cannot bound it).
@@ -380,12 +385,14 @@ def epsilon_after_steps(
     validation.check_sizes("num_examples", num_examples, batch_size)
     validation.check_positive_real("noise_multiplier", noise_multiplier)
     validation.check_delta(delta)
+    validation.check_positive_int("bands", bands)
     chosen = get_accountant(accountant)
     validation.warn_large_delta(delta, num_examples)
     return accounting_epsilon.epsilon_at_rate(
-        batch_size / num_examples,
+        accounting_epsilon.cyclic_sampling_probability(
+            batch_size, num_examples, bands),
         float(noise_multiplier),
-        int(steps),
+        accounting_epsilon.cyclic_rounds(steps, bands),
         float(delta),
         chosen,
     )

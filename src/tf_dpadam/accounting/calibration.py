@@ -263,10 +263,9 @@ def calibrate_noise_multiplier(
     )
     validation.warn_large_delta(delta, num_examples)
     validation.check_positive_int("bands", bands)
-    q = batch_size / num_examples
-    if bands > 1:
-        q = min(1.0, bands * batch_size / num_examples)
-        total = -(-int(total) // int(bands))
+    q = accounting_epsilon.cyclic_sampling_probability(
+        batch_size, num_examples, bands)
+    total = accounting_epsilon.cyclic_rounds(total, bands)
 
     def eps(noise_multiplier, accountant=chosen):
         return accounting_epsilon.epsilon_at_rate(

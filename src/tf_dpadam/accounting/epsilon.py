@@ -136,6 +136,21 @@ def dp_sgd_event(
     )
 
 
+def cyclic_sampling_probability(batch_size, num_examples, bands=1):
+    """q of one step: B / N, or with cyclic Poisson sampling over b =
+    `bands` groups (b > 1) the rate of a step's group, min(1, b B / N)."""
+    if bands == 1:
+        return batch_size / num_examples
+    return min(1.0, bands * batch_size / num_examples)
+
+
+def cyclic_rounds(steps, bands=1):
+    """The Poisson-sampled steps of DP-SGD that T = `steps` steps of banded
+    noise with cyclic Poisson sampling over b = `bands` groups count as:
+    ceil(T / b) (T for b = 1; `banded_dp_sgd_event`)."""
+    return -(-int(steps) // int(bands))
+
+
 def banded_dp_sgd_event(
     group_sampling_probability: float,
     noise_multiplier: float,
@@ -157,7 +172,7 @@ def banded_dp_sgd_event(
     validation.check_positive_int("bands", bands)
     validation.check_steps(steps)
     return dp_sgd_event(group_sampling_probability, noise_multiplier,
-                        -(-int(steps) // int(bands)))
+                        cyclic_rounds(steps, bands))
 
 
 class _DropNonConvergence(logging.Filter):

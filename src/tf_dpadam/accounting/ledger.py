@@ -144,15 +144,13 @@ class Mechanism:
         one (its group's rate; None for the other samplings)."""
         if self.sampling != "poisson":
             return None
-        if self.bands == 1:
-            return self.expected_batch_size / self.num_examples
-        return min(1.0, self.bands * self.expected_batch_size
-                   / self.num_examples)
+        return accounting_epsilon.cyclic_sampling_probability(
+            self.expected_batch_size, self.num_examples, self.bands)
 
     def poisson_steps(self, steps):
         """The Poisson-sampled steps that `steps` logical steps of a
         "poisson" mechanism count as: ceil(T / b) (T for b = 1)."""
-        return -(-int(steps) // self.bands)
+        return accounting_epsilon.cyclic_rounds(steps, self.bands)
 
     def participations(self, steps):
         """S of `steps` logical steps of a fixed-batch mechanism (an

@@ -24,6 +24,7 @@ from tf_dpadam.common import compat
 from tf_dpadam.data import pipeline as pipeline_lib
 from tf_dpadam.common import seeds
 from tf_dpadam.common import validation
+from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.accounting import plans
 
 # The seeds of the public nonce stream: any pair but (0, 0), which TensorFlow
@@ -128,10 +129,9 @@ def group_sampling(num_examples, expected_batch_size, groups=1):
     sampling over g groups: (ceil(N / g), min(1, g B / N)), the largest
     group and its rate.
     """
-    if groups == 1:
-        return num_examples, expected_batch_size / num_examples
     return (-(-num_examples // groups),
-            min(1.0, groups * expected_batch_size / num_examples))
+            accounting_epsilon.cyclic_sampling_probability(
+                expected_batch_size, num_examples, groups))
 
 
 def step_nonces(first_step=0):

@@ -409,7 +409,6 @@ class SamplingFitMixin:
                     f" batches) to be a multiple of the optimizer's"
                     f" gradient_accumulation_steps={k}.")
             logical_steps = steps_per_epoch // k
-            bands = optimizer.noise_bands
             if logical_steps % bands:
                 raise ValueError(
                     f"Expected steps_per_epoch={steps_per_epoch!r} to be a"
