@@ -120,22 +120,48 @@ class TrainConfig:
     # the runs as before (and their records: `config_record` leaves the
     # field out at 1; runs recorded before it read back as 1).
     noise_bands: int = 1
+    # V, the training examples held out as a validation split
+    # (`datasets.split_validation`: a fixed choice, not the run's seed)
+    # after the --max_examples cap and the imbalance subset: the run trains
+    # on (and accounts) the N - V others, and its results add the
+    # validation accuracy, by which the studies select learning rates
+    # (`comparison.selection_accuracies`). 0: none, the runs as before (and
+    # their records: `config_record` leaves the field out at 0; runs
+    # recorded before it read back as 0).
+    validation_examples: int = 0
+
+
+# The fields `config_record` leaves out at these values: a run without
+# them is recorded as before they existed (readers take a missing one as
+# this value: `noise_bands_of`, `runs.check_run_dir`).
+OMITTED_AT_DEFAULT = {"noise_bands": 1, "validation_examples": 0}
 
 
 def config_record(config):
     """`dataclasses.asdict(config)`, the config of a run's records
-    (metrics.json, reproduce.json), without `noise_bands` when it is 1: a
-    run with independent noise is recorded as before the field (readers
-    take a missing one as 1, `noise_bands_of`)."""
+    (metrics.json, reproduce.json), without the fields of
+    `OMITTED_AT_DEFAULT` at their default (`noise_bands` 1: independent
+    noise; `validation_examples` 0: no validation split): such a run is
+    recorded as before the field."""
     values = dataclasses.asdict(config)
-    if values.get("noise_bands", 1) == 1:
-        values.pop("noise_bands", None)
+    for name, default in OMITTED_AT_DEFAULT.items():
+        if values.get(name, default) == default:
+            values.pop(name, None)
     return values
 
 
 def noise_bands_of(config_values):
     """b of a recorded config (a dict; 1 when absent: independent noise)."""
     return int((config_values or {}).get("noise_bands", 1))
+
+
+def check_validation_examples(name, value):
+    """--validation_examples: an int V >= 0 (0: no validation split)."""
+    if not (isinstance(value, int) and not isinstance(value, bool)
+            and value >= 0):
+        raise ValueError(f"Expected {name}={value!r} to be an int >= 0 (the"
+                         " training examples held out for validation; 0:"
+                         " none).")
 
 
 def check_noise_bands(name, value):
@@ -166,7 +192,7 @@ def bands_steps(steps, bands, *, up=False):
 def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
                 batch_size=None, physical_batch_size=None,
                 target_epsilon=7.0, delta=1e-5, epochs=None, eval_every=50,
-                jit_compile=False, noise_bands=1):
+                jit_compile=False, noise_bands=1, validation_examples=0):
     """The hyperparameters all runs share; None: PAPER_DEFAULTS[dataset]."""
     defaults = PAPER_DEFAULTS[dataset]
     target_epsilon = target_epsilon or None
@@ -196,6 +222,7 @@ def base_config(dataset, *, l2_norm_clip=None, noise_multiplier=None,
         eval_every=eval_every,
         jit_compile=jit_compile,
         noise_bands=noise_bands,
+        validation_examples=validation_examples,
     )
 
 
@@ -281,8 +308,12 @@ def spent_epsilon(config, steps, num_examples):
 
 
 def print_results(results):
+    held_out = ("" if results.get("validation_accuracy") is None else
+                f" (validation accuracy {results['validation_accuracy']:.4f}"
+                f" on {results['config']['validation_examples']} held-out"
+                " training examples)")
     print(
-        f"test accuracy {results['test_accuracy']:.4f} after"
+        f"test accuracy {results['test_accuracy']:.4f}{held_out} after"
         f" {results['steps']} steps; spent epsilon"
         f" {results['epsilon']:.3f} at delta {results['delta']:g}"
     )

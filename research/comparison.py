@@ -1,6 +1,7 @@
 """The numbers of the optimizer comparison, and what they say.
 
-Pure helpers: mean and spread over seeds and over curves, whether a best
+Pure helpers: mean and spread over seeds and over curves, which accuracy
+tuning selects a learning rate by (`selection_accuracies`), whether a best
 learning rate sits at the edge of its grid, and a short verdict paragraph
 that compares two optimizers against their seed spread and the paper's
 numbers (`PAPER_RESULTS`).
@@ -48,6 +49,39 @@ def aggregate_curves(histories):
     std = (values.std(axis=0, ddof=1) if len(maps) > 1
            else np.zeros(len(steps)))
     return np.array(steps), mean, std
+
+
+def selection_accuracies(records, group):
+    """The accuracies tuning compares the `records` of one grid by (one
+    (cell, variant) of a study, one optimizer of `research.reproduce`):
+    each run's validation accuracy (`runs.Record.validation_accuracy`, the
+    training examples it held out) when the runs have one, else their test
+    accuracy (runs recorded before the validation split, or without one).
+
+    Args:
+        records: objects with `accuracy` and `validation_accuracy` (None:
+            none), e.g. `runs.Record`s or `study_plan.StudyRecord`s.
+        group: what the records tune, for the error (e.g. "eps3_B256 /
+            dpsgd").
+
+    Returns:
+        A list of accuracies (fractions, NaN for a diverged run), in order.
+
+    Raises:
+        ValueError: some records have a validation accuracy and others not:
+            they would be compared on different sets.
+    """
+    records = list(records)
+    held_out = [r.validation_accuracy is not None for r in records]
+    if any(held_out) and not all(held_out):
+        raise ValueError(
+            f"The tuning runs of {group} mix {sum(held_out)} with a"
+            f" validation accuracy and {held_out.count(False)} without:"
+            " their learning rates cannot be compared on one set; rerun"
+            " them with the same --validation_examples (another"
+            " --runs_dir).")
+    return [r.validation_accuracy if validated else r.accuracy
+            for r, validated in zip(records, held_out)]
 
 
 def at_edge(rate, rates):

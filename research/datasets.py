@@ -425,6 +425,48 @@ def subsample(x, y, n, seed=0):
     return take(x, indices), np.asarray(y)[indices]
 
 
+# The seed of the validation split's permutation (`split_validation`): a
+# constant, not a run's seed, so that every run of a study (each learning
+# rate and seed) holds out the same examples and trains on the same others.
+VALIDATION_SPLIT_SEED = 0
+
+
+def split_validation(x, y, n):
+    """`((x_train, y_train), validation)`: n examples of `(x, y)` held out
+    as `validation = (x_validation, y_validation)`, the others to train on.
+
+    The held-out examples are the first n of a fixed permutation of the
+    examples (`VALIDATION_SPLIT_SEED`, independent of any run's seed and
+    of NumPy's global state), so the same `(x, y)` always splits the same
+    way. x may be an array or a tuple / dict of arrays (`take`); both parts
+    keep the examples' original order. n = 0: `((x, y), None)`, unchanged.
+
+    Raises:
+        ValueError: n is not an int >= 0, or leaves no example to train on
+            (n >= the number of examples), or x and y differ in length.
+    """
+    total = len(y)
+    if num_examples(x) != total:
+        raise ValueError(
+            f"x has {num_examples(x)} examples but y has {total}."
+        )
+    if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+            and n >= 0):
+        raise ValueError(f"Expected validation_examples={n!r} to be an int"
+                         " >= 0.")
+    if n == 0:
+        return (x, y), None
+    if n >= total:
+        raise ValueError(
+            f"Expected validation_examples={n} < the {total} training"
+            " examples (after --max_examples and --imbalance_ratio): at"
+            " least one must remain to train on.")
+    order = np.random.default_rng(VALIDATION_SPLIT_SEED).permutation(total)
+    held_out, kept = np.sort(order[:n]), np.sort(order[n:])
+    y = np.asarray(y)
+    return (take(x, kept), y[kept]), (take(x, held_out), y[held_out])
+
+
 def preprocess(preprocessor, x, batch_size=1024):
     """Applies a string preprocessor through tf.data; returns NumPy arrays.
 

@@ -114,6 +114,9 @@ def main(argv):
     if FLAGS.optimizer == "dpsgd":
         raise app.UsageError("The diagnostics compare Adam moments: use"
                              " --optimizer=dpadam_corrected or dpadam.")
+    if FLAGS.validation_examples:
+        raise app.UsageError("--validation_examples is not supported: the"
+                             " diagnostics select no setting.")
     report_steps = sorted({int(s) for s in FLAGS.report_steps})
     with shared_flags.usage_errors():
         config = shared_flags.config_from_flags(FLAGS.dataset)

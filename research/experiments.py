@@ -302,8 +302,8 @@ def extended_plan(plan):
                 found = [load_run(plan, s, plan.tune_seed) for s in group]
                 if None in found:
                     break
-                best, _ = pick_best(
-                    (s, r.accuracy) for s, r in zip(group, found))[name]
+                best, _ = pick_best(zip(group, comparison.selection_accuracies(
+                    found, f"{name} (gamma {gamma})")))[name]
                 rates = [s.learning_rate for s in group]
                 direction = comparison.edge_direction(
                     best.learning_rate, rates, base, plan.edge_extensions)
@@ -352,13 +352,18 @@ def pick_best(scored):
 
 def best_of_tuning(plan, records):
     """optimizer -> best Setting among the finished tuning runs (with the
-    rates `extended_plan` adds)."""
+    rates `extended_plan` adds), by validation accuracy where the runs
+    held examples out, else by test accuracy
+    (`comparison.selection_accuracies`: a ValueError if an optimizer's
+    runs mix the two)."""
     scored = []
-    for grid in extended_plan(plan).grids.values():
-        for setting in grid:
-            record = records.get(runs.run_name(setting, plan.tune_seed))
-            if record is not None:
-                scored.append((setting, record.accuracy))
+    for name, grid in extended_plan(plan).grids.items():
+        found = [(setting, record) for setting in grid
+                 if (record := records.get(runs.run_name(
+                     setting, plan.tune_seed))) is not None]
+        scored += zip((setting for setting, _ in found),
+                      comparison.selection_accuracies(
+                          (record for _, record in found), name))
     return {name: s for name, (s, _) in pick_best(scored).items()}
 
 

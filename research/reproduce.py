@@ -17,7 +17,10 @@ protocol on the data this project has offline: Fashion-MNIST for the CNN
    `--lr_edge_extensions` (default 1) rates beyond that end, the grid's
    ratio continued (`experiments.extended_plan`).
 2. `--phase=seeds`: the best setting of each optimizer (by final test
-   accuracy, as the paper reports) with every seed of `--seeds`.
+   accuracy, as the paper reports; runs that held training examples out
+   for validation would be compared by their validation accuracy,
+   `comparison.selection_accuracies`, the studies' rule) with every seed
+   of `--seeds`.
 3. `--phase=ceiling` (with `--ceiling_learning_rate`): one non-private
    run (Adam, sigma = 0, no clipping) with the DP runs' steps, the ceiling
    that the private runs are reported against.

@@ -126,12 +126,17 @@ class Record:
     history: tuple  # (step, test accuracy) per evaluation.
     command: str | None
     machine: dict | None
+    # The accuracy on the training examples the run held out
+    # (`common.TrainConfig.validation_examples`), by which tuning selects
+    # (`comparison.selection_accuracies`); None: no validation split (runs
+    # recorded before it, or with none).
+    validation_accuracy: float | None = None
 
 
 def comparable_config(config):
     """The config as JSON values, without model_dir (runs may move); as
     the run's records hold it (`common.config_record`: no `noise_bands`
-    when it is 1)."""
+    when it is 1, no `validation_examples` when it is 0)."""
     values = json.loads(json.dumps(common.config_record(config)))
     values.pop("model_dir", None)
     return values
@@ -184,7 +189,8 @@ def load_record(model_dir, config, data):
     Finished: metrics.json of the same config reports all the planned steps,
     and the sidecar file (`reproduce.json`: data, wall time, command,
     machine) of the same data says "done". The record's setting and seed are
-    `config`'s (see `run_config`).
+    `config`'s (see `run_config`); its `validation_accuracy` is None when
+    metrics.json has none (a run without a validation split).
     """
     check_run_dir(model_dir, config, data)
     metrics = read_json(os.path.join(model_dir, METRICS))
@@ -209,7 +215,11 @@ def load_record(model_dir, config, data):
         history=history,
         command=sidecar.get("command"),
         machine=sidecar.get("machine"),
+        validation_accuracy=(
+            None if metrics.get("validation_accuracy") is None
+            else float(metrics["validation_accuracy"])),
     )
+
 
 def machine_info():
     """The platform, CPUs and versions this process runs on."""

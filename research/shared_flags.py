@@ -9,7 +9,8 @@ B and the run's length mean the same everywhere:
   bands of correlated noise (all binaries; None: the paper's value for the
   dataset).
 - `define_training_flags`: those and the optimizer's own flags (weight
-  decay and parameter averaging too), for the binaries that train one run
+  decay and parameter averaging too) and the validation split
+  (--validation_examples), for the binaries that train one run
   (`train_image`, `train_text`, `diagnostics`); `config_from_flags` turns
   them into a `common.TrainConfig`.
 
@@ -310,6 +311,15 @@ def define_training_flags():
                          "reproducible research only: anyone who knows it "
                          "can remove the noise. Default: drawn from the OS "
                          "entropy (secret).")
+    flags.DEFINE_integer("validation_examples", 0,
+                         "V >= 0: hold out V training examples (a fixed"
+                         " choice, the same for every --seed; after"
+                         " --max_examples and --imbalance_ratio) as a"
+                         " validation split, train on the others (N - V,"
+                         " the N of the accounting) and report the"
+                         " validation accuracy beside the test accuracy."
+                         " 0: none. In-memory data only (not"
+                         " --data_source).")
     check_flag("learning_rate", validation.check_positive)
     check_flag("epsilon", check_gamma)
     check_flag("phi", validation.check_non_negative)
@@ -320,6 +330,7 @@ def define_training_flags():
     check_flag("ema_momentum", _check_probability)
     check_flag("seed", check_seed)
     check_flag("noise_seed", check_seed)
+    check_flag("validation_examples", common.check_validation_examples)
 
 
 def tensorboard_callbacks(flag_values=None):
@@ -382,6 +393,7 @@ def config_from_flags(task, flag_values=None):
         ema=f.ema,
         ema_momentum=f.ema_momentum,
         noise_bands=f.noise_bands,
+        validation_examples=f.validation_examples,
     )
 
 

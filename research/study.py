@@ -36,6 +36,16 @@ b > 1 adds cells `<cell>_bands<b>` whose runs train with the optimizer's
 (cell, variant) tuned on its own grid (default 1: independent noise, the
 cells and runs as before).
 
+`--validation_examples=V` holds V of the training images out as a
+validation split (`research.datasets.split_validation`: a fixed choice,
+the same for every run, seed and learning rate, carved after
+--max_examples and the --imbalance_ratio cut): the runs train on the N - V
+others, N - V being the N of sigma's or the steps' calibration and of the
+runs' accounting, and each (cell, variant) picks its best learning rate
+(and the grid's edge extensions) by accuracy on the held-out images; the
+report's accuracies stay on the test set. Default 0: no split, the rates
+chosen by test accuracy as in the studies recorded so far.
+
 Phases as `research.reproduce`: tune (every grid at the first seed, then,
 while a best rate sits at an end of its grid, up to --lr_edge_extensions
 half-decade rates beyond that end), seeds
@@ -204,6 +214,14 @@ def define_flags():
                       " for it (T steps count as ceil(T / b) at q = bB/N),"
                       " the steps and --eval_every multiples of b. 1:"
                       " independent noise.")
+    flags.DEFINE_integer("validation_examples", 0,
+                         "V >= 0: hold out V training images (a fixed"
+                         " choice, after --max_examples and"
+                         " --imbalance_ratio) as a validation split; the"
+                         " runs train on the others (the N of the"
+                         " calibration and accounting) and tuning picks"
+                         " each learning rate by validation accuracy. 0:"
+                         " none (by test accuracy, as before).")
     flags.DEFINE_integer("augmult", 0, "Augmentation multiplicity K (0:"
                          " none).")
     flags.DEFINE_float("ema_momentum", None,
@@ -236,6 +254,8 @@ def define_flags():
     for name in ("augmult", "lr_span", "weight_decay"):
         shared_flags.check_flag(name, validation.check_non_negative)
     shared_flags.check_flag("imbalance_ratio", imbalance.check_ratio_flag)
+    shared_flags.check_flag("validation_examples",
+                            common.check_validation_examples)
 
 
 FLAGS = flags.FLAGS
@@ -282,7 +302,10 @@ def describe(plan, seconds_per_epoch):
         c = cell.base
         lines.append(f"{cell.name}: B={c.batch_size} sigma="
                      f"{c.noise_multiplier:.5g} steps={cell.steps} epochs="
-                     f"{cell.steps * c.batch_size / cell.num_examples:.3g}")
+                     f"{cell.steps * c.batch_size / cell.num_examples:.3g}"
+                     f" N={cell.num_examples}"
+                     + (f" (validation: {c.validation_examples} held out)"
+                        if c.validation_examples else ""))
         for variant in plan.variants:
             grid = plan.grids[(cell.name, variant.name)]
             lines.append(f"  {variant.name}: lr "
@@ -303,10 +326,13 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
                     delta=1e-5, eval_every=50, augmult=0, ema_momentum=None,
                     normalization="none", cnn="paper", weight_decay=0.1,
                     beta_2_high=0.9999, imbalance_ratio=1.0,
-                    calibration_accountant="pld", noise_bands=(1,)):
-    """The `StudyPlan` of study `name` for `num_examples` training images;
-    None: the study's default (`STUDY_DEFAULTS`); the arguments are the
-    flags'."""
+                    calibration_accountant="pld", noise_bands=(1,),
+                    validation_examples=0):
+    """The `StudyPlan` of study `name` for `num_examples` training images
+    (after --max_examples and the imbalance cut, before the
+    `validation_examples` held out: each cell trains on the others,
+    `study_plan.make_cell`); None: the study's default (`STUDY_DEFAULTS`);
+    the arguments are the flags'."""
     defaults = STUDY_DEFAULTS[name]
     table = study_plan.with_centres(
         study_plan.default_variants(weight_decay=weight_decay,
@@ -329,7 +355,8 @@ def make_study_plan(name, *, num_examples, runs_dir, data,
             delta=delta, eval_every=eval_every, augmult=augmult,
             ema_momentum=ema_momentum, normalization=normalization,
             cnn=cnn, imbalance_ratio=imbalance_ratio,
-            accountant=calibration_accountant, noise_bands=int(bands))
+            accountant=calibration_accountant, noise_bands=int(bands),
+            validation_examples=validation_examples)
         for eps in epsilons or defaults["epsilons"]
         for b in batch_sizes or defaults["batch_sizes"]
         for bands in noise_bands]
@@ -359,6 +386,9 @@ def main(argv):
                                    hint=shared_flags.OFFLINE_IMAGES_HINT):
         (_, y_train), _ = datasets.load_image_dataset("fashion_mnist",
                                                       FLAGS.data_dir)
+    # The images the runs split into training and validation ones (in
+    # `train_image.run`'s order: the cap, the imbalance cut, the split);
+    # each cell's N leaves the validation images out (`make_cell`).
     num_examples = min(len(y_train), max_examples or len(y_train))
     if FLAGS.imbalance_ratio < 1:
         num_examples = sum(imbalance.geometric_class_sizes(
@@ -382,7 +412,8 @@ def main(argv):
             weight_decay=FLAGS.weight_decay, beta_2_high=FLAGS.beta_2_high,
             imbalance_ratio=FLAGS.imbalance_ratio,
             calibration_accountant=FLAGS.calibration_accountant,
-            noise_bands=[int(b) for b in FLAGS.noise_bands])
+            noise_bands=[int(b) for b in FLAGS.noise_bands],
+            validation_examples=FLAGS.validation_examples)
     if FLAGS.phase == "plan":
         print(describe(plan, FLAGS.seconds_per_epoch))
         return

@@ -17,10 +17,14 @@ of the paper's CNN (`research.train_image.run`):
   around the centre scaled to its B (`scaled_centre`).
 
 `run_phase` tunes every (cell, variant) over its grid at the first seed and
-reruns the best learning rate of each with every seed. Each run is one
-`runs.execute` folder, `<runs_dir>/<cell>/<variant>_lr<lr>_seed<seed>`: a
-finished run is read back, an interrupted one resumes from its checkpoint,
-and a folder of other settings or data is refused (`runs.check_run_dir`).
+reruns the best learning rate of each with every seed. The best is the
+highest validation accuracy when the cell holds training examples out
+(`make_cell`'s `validation_examples`), else, as in the studies recorded
+before the split, the highest test accuracy
+(`comparison.selection_accuracies`). Each run is one `runs.execute`
+folder, `<runs_dir>/<cell>/<variant>_lr<lr>_seed<seed>`: a finished run is
+read back, an interrupted one resumes from its checkpoint, and a folder of
+other settings or data is refused (`runs.check_run_dir`).
 `study_moments.final_moments` measures the optimizer's second moment at the
 end of a run (stored in its metrics.json): the median over coordinates of
 (v_hat - Phi) / Phi, the "v^c / Phi" of the regime map.
@@ -177,7 +181,9 @@ def calibrate_noise(target_epsilon, *, num_examples, batch_size, steps,
 class Cell:
     """One (epsilon, B) of a study: `base` holds every shared setting of its
     runs (optimizer, learning rate, seed and model_dir are replaced per
-    run); `steps` and `noise_multiplier` are calibrated for `num_examples`."""
+    run); `steps` and `noise_multiplier` are calibrated for `num_examples`,
+    the examples the runs train on (without the
+    `base.validation_examples` held out)."""
 
     name: str
     target_epsilon: float
@@ -192,7 +198,8 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
               noise_multiplier=None, l2_norm_clip=1.0, delta=1e-5,
               eval_every=50, augmult=0, ema_momentum=None,
               normalization="none", cnn="paper", imbalance_ratio=1.0,
-              accountant=common.ACCOUNTANT, noise_bands=1):
+              accountant=common.ACCOUNTANT, noise_bands=1,
+              validation_examples=0):
     """A `Cell`: exactly one of `epochs` (sigma calibrated to spend
     `target_epsilon` in round(epochs N / B) steps) and `noise_multiplier`
     (the most steps within `target_epsilon`), by `accountant` ("pld" or
@@ -202,9 +209,24 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
     size of the cut set. noise_bands = b > 1: correlated noise of b bands
     on cyclic Poisson batches (`common.TrainConfig.noise_bands`), the
     steps a multiple of b (epochs: round(epochs N / B) rounded down), sigma
-    or the steps calibrated for it; the cell's name ends in `_bands<b>`."""
+    or the steps calibrated for it; the cell's name ends in `_bands<b>`.
+    validation_examples = V > 0: the runs hold V of the `num_examples`
+    out (`common.TrainConfig.validation_examples`) and train on the
+    others, so the cell's N (`Cell.num_examples`, the calibration's and
+    the runs' accounting's) is `num_examples` - V, and tuning selects by
+    the validation accuracy; the cell's name is unchanged (the runs'
+    configs differ)."""
     if (epochs is None) == (noise_multiplier is None):
         raise ValueError("Give exactly one of epochs and noise_multiplier.")
+    common.check_validation_examples("validation_examples",
+                                     validation_examples)
+    if validation_examples >= num_examples:
+        raise ValueError(
+            f"Expected validation_examples={validation_examples} < the"
+            f" {num_examples} training examples: at least one must remain"
+            " to train on.")
+    # N: what the runs train on, and their accounting counts.
+    num_examples -= validation_examples
     if batch_size > num_examples:
         raise ValueError(f"Expected batch_size={batch_size} <= the"
                          f" {num_examples} training examples.")
@@ -212,7 +234,8 @@ def make_cell(*, target_epsilon, batch_size, num_examples, epochs=None,
         "fashion_mnist", l2_norm_clip=l2_norm_clip,
         noise_multiplier=noise_multiplier or 1.0, batch_size=batch_size,
         target_epsilon=None if epochs else target_epsilon, delta=delta,
-        epochs=epochs, eval_every=eval_every, noise_bands=noise_bands)
+        epochs=epochs, eval_every=eval_every, noise_bands=noise_bands,
+        validation_examples=validation_examples)
     calibration = None
     if epochs is None:
         # The runs count their steps with the binaries' accountant: with
@@ -336,7 +359,14 @@ class StudyRecord:
 
     @property
     def accuracy(self):
+        """The test accuracy (the reports')."""
         return self.record.accuracy
+
+    @property
+    def validation_accuracy(self):
+        """The accuracy on the examples the run held out (None: none),
+        which tuning selects by (`comparison.selection_accuracies`)."""
+        return self.record.validation_accuracy
 
 
 def load(plan, run):
@@ -378,9 +408,17 @@ def candidate_rates(plan, key):
     return tuple(below) + tuple(grid) + tuple(above)
 
 
-def _score(record):
-    accuracy = record.accuracy
-    return -math.inf if math.isnan(accuracy) else accuracy
+def _scores(found, key):
+    """{learning rate: what tuning ranks it by} of {learning rate:
+    `StudyRecord`} of `key` = (cell, variant): the validation accuracy, or
+    for runs without a validation split the test accuracy
+    (`comparison.selection_accuracies`, a ValueError if they mix); a NaN
+    loses."""
+    rates = sorted(found)
+    accuracies = comparison.selection_accuracies(
+        (found[lr] for lr in rates), " / ".join(key))
+    return {lr: -math.inf if math.isnan(a) else a
+            for lr, a in zip(rates, accuracies)}
 
 
 def tuned_rates(plan, records):
@@ -394,17 +432,25 @@ def tuned_rates(plan, records):
     return tuned
 
 
-def _best_rate(found):
-    """The best rate of {learning rate: `StudyRecord`} (a NaN accuracy
-    loses; ties: the smaller rate)."""
-    return max(sorted(found), key=lambda lr: _score(found[lr]))
+def _best_rate(found, key):
+    """The best rate of {learning rate: `StudyRecord`} of `key` = (cell,
+    variant), by `_scores` (a NaN accuracy loses; ties: the smaller
+    rate)."""
+    scores = _scores(found, key)
+    return max(sorted(found), key=scores.__getitem__)
 
 
 def best_learning_rates(plan, records):
     """(cell name, variant name) -> the learning rate of the best finished
-    tuning run, the rates added beyond the grid included (a NaN accuracy
-    loses; ties: the smaller rate)."""
-    return {key: _best_rate(found)
+    tuning run, the rates added beyond the grid included: by validation
+    accuracy where the runs held examples out, else by test accuracy (a
+    NaN accuracy loses; ties: the smaller rate).
+
+    Raises:
+        ValueError: the tuning runs of a (cell, variant) mix runs with and
+            without a validation accuracy.
+    """
+    return {key: _best_rate(found, key)
             for key, found in tuned_rates(plan, records).items()}
 
 
@@ -418,7 +464,7 @@ def next_edge_rate(plan, records, key):
     grid = plan.grids[key]
     if any(lr not in found for lr in grid):
         return None
-    best = _best_rate(found)
+    best = _best_rate(found, key)
     step = comparison.edge_direction(best, found, grid,
                                      plan.edge_extensions)
     if step is None:

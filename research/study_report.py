@@ -6,7 +6,11 @@ learning rate of each (cell, variant) with the mean ± std over its seeds and
 its measured median (v_hat - Phi) / Phi, the accuracy gap of each DP-AdamBC
 variant over DP-Adam per cell, every run, and the total training time. PNGs
 next to it: the tuning curves, and the gaps against B and against the median
-(v_hat - Phi) / Phi.
+(v_hat - Phi) / Phi. A study whose runs held training images out for
+validation (`--validation_examples`) says so, and its tuning section lists
+each tuning run's validation accuracy (by which its rate was chosen) beside
+its test accuracy (which the page reports); without one the page is as
+before.
 """
 
 import collections
@@ -95,15 +99,25 @@ def _header(*columns):
     return ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
 
 
+def _validated(plan):
+    """Whether a cell of `plan` holds training examples out for
+    validation (the page then says so; without, it is as before)."""
+    return any(c.base.validation_examples for c in plan.cells)
+
+
 def _settings_table(plan):
     # The bands of correlated noise: a column only when a cell has b > 1
-    # (the pages of the studies with independent noise unchanged).
+    # (the pages of the studies with independent noise unchanged); so is
+    # the validation split's.
     bands = any(c.base.noise_bands != 1 for c in plan.cells)
+    validated = _validated(plan)
     lines = _header("cell", "ε (target)", "calibrated by", "δ", "B", "N",
                     "steps", "epochs", "σ", "Φ = (σC/B)²", "C", "augmult K", "EMA momentum",
                     "normalization", "CNN",
                     *(["noise bands b (cyclic Poisson, q = bB/N)"]
-                      if bands else []))
+                      if bands else []),
+                    *(["validation V (held out of training)"]
+                      if validated else []))
     for cell in plan.cells:
         c = cell.base
         phi = (c.noise_multiplier * c.l2_norm_clip / c.batch_size) ** 2
@@ -115,7 +129,8 @@ def _settings_table(plan):
             f" {c.noise_multiplier:.5g} | {phi:.3g} | {c.l2_norm_clip:g} |"
             f" {c.augmult or 'none'} |"
             f" {c.ema_momentum if c.ema else 'none'} | {c.normalization} |"
-            f" {c.cnn} |" + (f" {c.noise_bands} |" if bands else ""))
+            f" {c.cnn} |" + (f" {c.noise_bands} |" if bands else "")
+            + (f" {c.validation_examples} |" if validated else ""))
     return lines
 
 
@@ -240,6 +255,58 @@ def _imbalance_note(records):
         f" {len(worst)} runs: {ranked}."]
 
 
+def _validation_note(plan):
+    """The bullet on how the learning rates were chosen, when the runs
+    held training images out (none otherwise: the page as before)."""
+    if not _validated(plan):
+        return []
+    splits = {(c.base.validation_examples, c.num_examples)
+              for c in plan.cells}
+    if len(splits) == 1:
+        ((held_out, trained),) = splits
+        split = (f"a validation split of {held_out} training images held"
+                 f" out from training ({trained} trained on)")
+    else:
+        split = ("a validation split of training images held out from"
+                 " training (per cell: " + ", ".join(
+                     f"{c.name} {c.base.validation_examples} held out,"
+                     f" {c.num_examples} trained on" for c in plan.cells)
+                 + ")")
+    return [
+        f"- Learning rates were chosen by accuracy on {split}, the same"
+        " images for every run (`research.datasets.split_validation`), and"
+        " the accuracies reported on this page are on the test set; N in"
+        " the settings table, which σ or the steps were calibrated for and"
+        " the privacy accounting counts, is the images trained on. The"
+        " tuning section lists each tuning run's validation accuracy beside"
+        " its test accuracy."]
+
+
+def _tuning_table(plan, records):
+    """Each tuning run's validation and test accuracy, the rate chosen
+    marked; only when the runs have a validation accuracy (none
+    otherwise)."""
+    tuned = study_plan.tuned_rates(plan, records)
+    if not any(r.validation_accuracy is not None
+               for found in tuned.values() for r in found.values()):
+        return []
+    best = study_plan.best_learning_rates(plan, records)
+    lines = _header("cell", "variant", "lr", "validation accuracy (%)",
+                    "test accuracy (%)", "chosen")
+    for cell in plan.cells:
+        for variant in plan.variants:
+            key = (cell.name, variant.name)
+            found = tuned.get(key, {})
+            for lr in sorted(found):
+                r = found[lr]
+                lines.append(
+                    f"| {cell.name} | {variant.label} | {lr:g} |"
+                    f" {runs.format_percent(r.validation_accuracy)} |"
+                    f" {runs.format_percent(r.accuracy)} |"
+                    f" {'✓' if best.get(key) == lr else ''} |")
+    return lines + [""]
+
+
 def _runs_table(plan, records):
     lines = _header("cell", "variant", "lr", "seed", "test accuracy (%)",
                     "ε spent", "steps", "median (v̂ − Φ)/Φ", "wall (s)")
@@ -260,21 +327,33 @@ def _runs_table(plan, records):
 
 def plot_tuning(path, plan, records):
     """Final accuracy vs learning rate at the tuning seed, one panel per
-    cell, one line per variant."""
+    cell, one line per variant; with a validation split its accuracy too
+    (dashed, the same colour)."""
     figure = plots.new_figure(4.0 * len(plan.cells), 3.6)
     tuned = study_plan.tuned_rates(plan, records)
+    validated = False
     for i, cell in enumerate(plan.cells):
         axes = figure.add_subplot(1, len(plan.cells), i + 1)
         for variant in plan.variants:
             found = tuned.get((cell.name, variant.name), {})
             points = [(lr, found[lr].accuracy) for lr in sorted(found)]
             if points:
-                axes.plot([p[0] for p in points],
-                          [100 * p[1] for p in points], marker="o",
-                          label=variant.label)
+                (line,) = axes.plot([p[0] for p in points],
+                                    [100 * p[1] for p in points],
+                                    marker="o", label=variant.label)
+                held_out = [(lr, found[lr].validation_accuracy)
+                            for lr in sorted(found)
+                            if found[lr].validation_accuracy is not None]
+                if held_out:
+                    validated = True
+                    axes.plot([p[0] for p in held_out],
+                              [100 * p[1] for p in held_out], marker="x",
+                              linestyle="--", color=line.get_color())
         axes.set_xscale("log")
         axes.set_xlabel("learning rate")
-        axes.set_ylabel("final test accuracy (%)")
+        axes.set_ylabel("final accuracy (%): test (solid), validation"
+                        " (dashed)" if validated else
+                        "final test accuracy (%)")
         axes.set_title(cell.name)
         axes.grid(alpha=0.3)
         if axes.lines:
@@ -348,6 +427,7 @@ def write_report(plan, records, output_dir, command, machine):
         " end, while the best sat there); total training time"
         f" {wall:.0f} s ({wall / 3600:.2f} h, the sum of the runs' wall"
         " seconds).",
+        *_validation_note(plan),
         *_epsilon_note(records),
         *_imbalance_note(records),
         "- (v̂ − Φ)/Φ: from the optimizer's state after the last step,"
@@ -377,7 +457,8 @@ def write_report(plan, records, output_dir, command, machine):
             " √(s₁²/n₁ + s₂²/n₂).", "",
             *_gap_table(plan, gap_values, summaries), "",
             *[f"![gap against {a}]({n})" for n, a in pngs.items()], ""]
-    lines += ["## Tuning", "", f"![tuning curves]({tuning_png})", "",
+    lines += ["## Tuning", "", *_tuning_table(plan, records),
+              f"![tuning curves]({tuning_png})", "",
               "## Every run", "", *_runs_table(plan, records), ""]
     path = os.path.join(output_dir, f"{stem}.md")
     with open(path, "w") as f:
@@ -422,6 +503,11 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned,
             # Correlated noise's bands, only when b > 1 (a missing one: 1).
             **({"noise_bands": cell.base.noise_bands}
                if cell.base.noise_bands != 1 else {}),
+            # The validation split, only when V > 0 (a missing one: 0, the
+            # rates chosen by test accuracy); N without it.
+            **({"validation_examples": cell.base.validation_examples,
+                "num_examples": cell.num_examples}
+               if cell.base.validation_examples else {}),
         } for cell in plan.cells],
         "best": [{
             "cell": cell, "variant": variant,
@@ -444,13 +530,19 @@ def summary_record(plan, summaries, gap_values, *, wall, runs_done, planned,
 def render_summary(summary):
     """RESULTS.md's section of a study: its best table and gap plot."""
     cells = {c["name"]: c for c in summary["cells"]}
+    held_out = sorted({c["validation_examples"] for c in summary["cells"]
+                       if c.get("validation_examples")})
+    chosen = (" (chosen by accuracy on a validation split of"
+              f" {', '.join(map(str, held_out))} training images held out"
+              " from training)" if held_out else "")
     lines = [
         f"## {summary['title']} (Fashion-MNIST, from scratch)", "",
         f"{summary['runs']} runs finished ({summary.get('added', 0)} of"
         " them at learning rates added past a grid end) for"
         f" {summary['planned']} planned"
         f" ({summary['wall_seconds'] / 3600:.2f} h of training). Each"
-        " cell: the best learning rate of each optimizer, test accuracy (%)"
+        f" cell: the best learning rate of each optimizer{chosen}, test"
+        " accuracy (%)"
         " mean ± std over its seeds; \"(edge)\": the best rate is the lowest"
         " or highest tried, so the optimum may lie beyond. Details, every"
         " setting and every run:"

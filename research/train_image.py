@@ -79,9 +79,18 @@ def run(dataset, data_dir, config, max_examples=None, *,
     `config.normalization` and `config.cnn` are `models.make_cnn`'s;
     `config.augmult` > 0 trains on that many augmented views of each
     example (`models.image_augmentation`), so that the run's record
-    (metrics.json) says how it was trained; `kwargs` go to `fit_private`
-    (`callbacks`, `max_steps`, `measure`)."""
+    (metrics.json) says how it was trained; `config.validation_examples`
+    = V > 0 holds V of the training images out (`datasets.split_validation`,
+    the same V for every seed), after the `max_examples` cap and the
+    imbalance subset: the run trains on the others and also reports the
+    validation accuracy; `kwargs` go to `fit_private` (`callbacks`,
+    `max_steps`, `measure`)."""
+    validation = None
     if data_source:
+        if config.validation_examples:
+            raise training.SettingsError(
+                "--validation_examples needs in-memory data, not"
+                " --data_source.")
         train, (x_test, y_test), num_classes = (
             record_sources.image_data_source(data_source, data_dir))
         input_shape = train.decode([train.source[0]])[0].shape[1:]
@@ -95,7 +104,10 @@ def run(dataset, data_dir, config, max_examples=None, *,
             # One subset for every run and seed (seed 0).
             x_train, y_train = imbalance.imbalanced_subset(
                 x_train, y_train, config.imbalance_ratio)
-        train, input_shape = (x_train, y_train), x_train.shape[1:]
+        # Carved from the images the run would otherwise train on.
+        train, validation = training.split_validation(x_train, y_train,
+                                                      config)
+        input_shape = x_train.shape[1:]
     if max_test_examples:
         x_test, y_test = x_test[:max_test_examples], y_test[:max_test_examples]
     if config.imbalance_ratio < 1:
@@ -113,6 +125,7 @@ def run(dataset, data_dir, config, max_examples=None, *,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         augment=(models.image_augmentation(input_shape, seed=config.seed)
                  if config.augmult else None),
+        validation=validation,
         **kwargs,
     )
 

@@ -143,6 +143,13 @@ def run(dataset, data_dir, preset, sequence_length, config,
             what feeds the head (`research.finetune`); the frozen-feature
             cache applies to "last_block" and to `finetune_blocks`.
         **kwargs: `training.fit_private`'s `callbacks`, `max_steps`.
+
+    `config.validation_examples` = V > 0 holds V training sentences out
+    (`datasets.split_validation`: a fixed choice among the sentences it is
+    given) after the `max_examples` subset, which is drawn with the run's
+    seed (so with `max_examples` each seed holds out its own V); the run
+    trains on the others and also reports the validation accuracy. Not
+    with `data_source`.
     """
     finetune_lib.check_finetune(finetune, lora_rank, finetune_blocks)
     build = functools.partial(finetune_lib.make_classifier,
@@ -158,6 +165,9 @@ def run(dataset, data_dir, preset, sequence_length, config,
     if max_examples:
         x_train, y_train = datasets.subsample(x_train, y_train, max_examples,
                                               seed=config.seed)
+    # Carved from the sentences the run would otherwise train on.
+    (x_train, y_train), validation = training.split_validation(
+        x_train, y_train, config)
     if max_test_examples:
         x_test, y_test = datasets.subsample(x_test, y_test, max_test_examples,
                                             seed=config.seed)
@@ -167,13 +177,17 @@ def run(dataset, data_dir, preset, sequence_length, config,
                                 seed=config.seed)
     x_train = datasets.preprocess(preprocessor, x_train)
     x_test = datasets.preprocess(preprocessor, x_test)
+    if validation is not None:
+        validation = (datasets.preprocess(preprocessor, validation[0]),
+                      validation[1])
     classifier = model
     on_trained = None
     cache_frozen = cache_frozen and finetune_lib.cacheable(
         finetune, finetune_blocks)
     if cache_frozen:
         # float32 features, and the copy the input pipeline makes of them.
-        needed = (2 * 4 * (len(y_train) + len(y_test))
+        held_out = 0 if validation is None else len(validation[1])
+        needed = (2 * 4 * (len(y_train) + len(y_test) + held_out)
                   * x_train["token_ids"].shape[1]
                   * classifier.get_layer("frozen_bert").output.shape[-1])
         if needed > memory_bytes() / 3:
@@ -189,6 +203,9 @@ def run(dataset, data_dir, preset, sequence_length, config,
             cached_features(frozen, x, key, feature_cache)
             for x in (x_train, x_test)
         )
+        if validation is not None:
+            validation = (cached_features(frozen, validation[0], key,
+                                          feature_cache), validation[1])
         if config.model_dir:
             on_trained = functools.partial(
                 save_classifier, classifier,
@@ -200,13 +217,19 @@ def run(dataset, data_dir, preset, sequence_length, config,
         config,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         on_trained=on_trained,
+        validation=validation,
         **kwargs,
     )
 
 
 def _run_on_source(data_source, data_dir, preset, sequence_length, config,
                    max_test_examples, backbone, build, **kwargs):
-    """`run` on a random-access source: tokenized per step, no cache."""
+    """`run` on a random-access source: tokenized per step, no cache, no
+    validation split."""
+    if config.validation_examples:
+        raise training.SettingsError(
+            "--validation_examples needs in-memory data, not"
+            " --data_source.")
     source = backbone or preset or models.default_offline_preset()
     # The classes come with the data; the head needs them first.
     num_classes = record_sources.data_source_num_classes(data_source, data_dir)

@@ -18,6 +18,13 @@ overwrite); the evaluations (the curve's val_* metrics, the final test
 metrics) and the returned model use the average; the checkpoint keeps the raw
 weights, with the average in the optimizer's state.
 
+With a validation split (`config.validation_examples` = V > 0, the
+binaries' --validation_examples) `train` holds the N - V training examples
+left after it, whose number the accounting counts, and the final evaluation
+also covers the V held out (`validation_accuracy`, `validation_loss` in the
+results and metrics.json), by which the studies select learning rates; the
+curve (Keras' val_* metrics) stays on the test set, reported only.
+
 A `model_dir` (issue 34) is kept by `tf_dpadam.run_dir`: held by one process
 at a time (`hold`: a lock, and a writable folder, checked before any step),
 checkpoints written whole (`save_checkpoint`: a temporary file renamed over
@@ -45,6 +52,7 @@ import tensorflow as tf
 import tf_dpadam
 from tf_dpadam.tools import run_dir as run_dir_lib
 from research import common
+from research import datasets
 from research import record_sources
 from research import runs
 
@@ -358,7 +366,7 @@ def privacy_settings(config, num_examples, accumulation_steps):
 def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                   callbacks=(), validate=True, max_steps=None, verbose=None,
                   augment=None, measure=None, count_all_steps=False,
-                  learning_rate=None):
+                  learning_rate=None, validation=None):
     """Trains `make_private(model_fn())` with Poisson batches; resumes.
 
     Args:
@@ -369,6 +377,12 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         test: `(x, y)` for evaluation.
         config: a `common.TrainConfig`; with a `model_dir`, a checkpoint
             there is resumed and metrics.json written.
+        validation: `(x, y)`, the `config.validation_examples` examples
+            held out of the training set (`datasets.split_validation`;
+            None when it is 0), evaluated once at the end beside `test`
+            (`validation_accuracy`, `validation_loss`), for the selection
+            of learning rates; `train` holds the others, whose number is
+            the N of the accounting. The curve stays on `test`.
         loss: the Keras loss.
         diagnostics: `make_private(..., diagnostics=True)` (NOT private: it
             keeps the clean gradient; for `tf_dpadam.MomentDiagnostics`).
@@ -398,13 +412,15 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
         metrics and the curve's val_* metrics were measured; the checkpoint
         keeps the raw ones), the `tf_dpadam.data.poisson_batches` it
         trained on, and a dict of results (config, steps, epsilon, test
-        metrics, wall time, curve).
+        metrics, with `validation` its metrics too, wall time, curve).
 
     Raises:
         SettingsError: if the config cannot train on `train` (before any
-            model is built), or a checkpoint in its model_dir decays or
-            averages the weights otherwise.
+            model is built), `validation` does not hold
+            `config.validation_examples` examples, or a checkpoint in its
+            model_dir decays or averages the weights otherwise.
     """
+    _check_validation(validation, config)
     keras.utils.set_random_seed(config.seed)
     with run_dir_lib.resumed(config.model_dir, learning_rate) as model:
         return _train_private(model, model_fn, train, test, config, loss,
@@ -412,12 +428,37 @@ def train_private(model_fn, train, test, config, loss, *, diagnostics=False,
                               validate=validate, max_steps=max_steps,
                               verbose=verbose, augment=augment,
                               measure=measure,
-                              count_all_steps=count_all_steps)
+                              count_all_steps=count_all_steps,
+                              validation=validation)
+
+
+def split_validation(x, y, config):
+    """`datasets.split_validation(x, y, config.validation_examples)` of a
+    binary's training set, `((x_train, y_train), validation)`;
+    `SettingsError` for a split that leaves no example to train on."""
+    try:
+        return datasets.split_validation(x, y, config.validation_examples)
+    except ValueError as error:
+        raise SettingsError(str(error)) from error
+
+
+def _check_validation(validation, config):
+    """Raises `SettingsError` unless `validation` holds exactly
+    `config.validation_examples` examples (None for 0): the run's record
+    says how many examples it held out, and a binary that holds out none
+    cannot take the setting."""
+    held_out = 0 if validation is None else len(validation[1])
+    if held_out != config.validation_examples:
+        raise SettingsError(
+            f"Expected a validation split of --validation_examples="
+            f"{config.validation_examples} examples, got {held_out}"
+            + ("" if validation is not None else
+               " (this data path holds none out)") + ".")
 
 
 def _train_private(model, model_fn, train, test, config, loss, *,
                    diagnostics, callbacks, validate, max_steps, verbose,
-                   augment, measure, count_all_steps=False):
+                   augment, measure, count_all_steps=False, validation=None):
     """`train_private`, with its model_dir held: `model` is its checkpoint's
     (None: none, or no model_dir; `run_dir_lib.resumed`)."""
     model_dir = config.model_dir
@@ -489,6 +530,14 @@ def _train_private(model, model_fn, train, test, config, loss, *,
     # With config.ema: the average in the model, as Keras' fit leaves it.
     model.optimizer.finalize_variable_values(model.trainable_weights)
     test_loss, test_accuracy = model.evaluate(*test, batch_size=512, verbose=0)
+    held_out = {}
+    if validation is not None:
+        # The held-out training examples, for the selection of learning
+        # rates (the test set only reports).
+        validation_loss, validation_accuracy = model.evaluate(
+            *validation, batch_size=512, verbose=0)
+        held_out = {"validation_accuracy": float(validation_accuracy),
+                    "validation_loss": float(validation_loss)}
     steps_done = model_steps(model)
     # Every step the model took, each with the mechanism it ran (its
     # ledger, which a model_dir's checkpoints carry across resumes).
@@ -503,6 +552,7 @@ def _train_private(model, model_fn, train, test, config, loss, *,
         "delta": config.delta,
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
+        **held_out,
         "wall_seconds": wall,
         "history": progress.curve(),
     }
@@ -524,7 +574,8 @@ def fit_private(model_fn, train, test, config, loss, on_trained=None,
             model (the checkpoint's, after a resume; with `config.ema`
             holding the averaged weights) before returning.
         **kwargs: `train_private`'s `callbacks`, `max_steps`, `verbose`,
-            `augment`, `measure`, `count_all_steps`, `learning_rate`.
+            `augment`, `measure`, `count_all_steps`, `learning_rate`,
+            `validation`.
     """
     model, _, results = train_private(model_fn, train, test, config, loss,
                                       **kwargs)

@@ -49,6 +49,9 @@ USAGE_ERRORS = [
      "--normalization=batch"),
     ("research.train_image", ["--augmult=-1"],
      "--augmult=-1: Expected augmult=-1 to be a finite number >= 0"),
+    ("research.train_image", ["--validation_examples=-1"],
+     "--validation_examples=-1: Expected validation_examples=-1 to be an"
+     " int >= 0"),
     # No network here: cifar10 is neither prepared in an empty folder nor
     # downloadable; the line names the offline alternatives.
     ("research.train_image", ["--dataset=cifar10", f"--data_dir={_EMPTY_DIR}"],
@@ -59,6 +62,8 @@ USAGE_ERRORS = [
      "--data_dir: [Errno 2] No such file or directory"),
     ("research.train_text", ["--noise_multiplier=-1"], "--noise_multiplier"),
     ("research.train_text", ["--ema_momentum=0"], "--ema_momentum=0.0"),
+    ("research.train_text", ["--validation_examples=-2"],
+     "--validation_examples=-2: Expected validation_examples=-2"),
     ("research.train_text", ["--finetune_blocks=-1"],
      "Expected finetune_blocks=-1 >= 0 (0: every block)"),
     # No network here: a preset name (no folder) cannot be downloaded.
@@ -83,6 +88,8 @@ USAGE_ERRORS = [
     ("research.diagnostics", ["--optimizer=dpsgd"],
      "use --optimizer=dpadam_corrected or dpadam"),
     ("research.diagnostics", ["--eval_every=0"], "--eval_every=0"),
+    ("research.diagnostics", ["--validation_examples=10"],
+     "--validation_examples is not supported"),
 ]
 if _FASHION_MNIST:  # Impossible settings found once the data is loaded.
     USAGE_ERRORS += [
@@ -91,6 +98,10 @@ if _FASHION_MNIST:  # Impossible settings found once the data is loaded.
          "Expected target_epsilon=0.5 >= "),
         ("research.train_image", ["--batch_size=1000", "--max_examples=500"],
          "Expected batch_size=1000 <= num_examples=500"),
+        # The split leaves nothing to train on.
+        ("research.train_image",
+         ["--validation_examples=512", "--max_examples=512"],
+         "Expected validation_examples=512 < the 512 training examples"),
         ("research.diagnostics",
          ["--target_epsilon=0.5", "--max_examples=512"],
          "Expected target_epsilon=0.5 >= "),

@@ -39,13 +39,16 @@ def train_config(**overrides):
     return common.TrainConfig(**values)
 
 
-def fake_train_fn(accuracy, calls=None):
+def fake_train_fn(accuracy, calls=None, validation=None):
     """A train_fn that writes the metrics.json of a finished 4-step run
-    (evaluated at steps 2 and 4) with `accuracy(config)`, without training."""
+    (evaluated at steps 2 and 4) with `accuracy(config)` on the test set
+    and, if given, `validation(config)` (None: none) on the held-out
+    examples, without training."""
     def train_fn(config):
         if calls is not None:
             calls.append(config)
         value = accuracy(config)
+        held_out = None if validation is None else validation(config)
         results = {
             "config": dataclasses.asdict(config), "num_examples": 64,
             "steps": 4, "planned_steps": 4, "epsilon": 4.87, "delta": 1e-5,
@@ -53,6 +56,9 @@ def fake_train_fn(accuracy, calls=None):
             "history": [{"step": 2, "val_accuracy": value / 2},
                         {"step": 4, "val_accuracy": value}],
         }
+        if held_out is not None:
+            results.update(validation_accuracy=held_out,
+                           validation_loss=1.0)
         os.makedirs(config.model_dir, exist_ok=True)
         # Whole or not at all, as training writes it.
         runs.write_json(os.path.join(config.model_dir, "metrics.json"),
