@@ -7,7 +7,8 @@ kill and resume from a run folder, and NOT so when the saved state is
 lost: the test can fail); DP-AdamBC gets the exact Phi_t and averages it
 as v_hat does; the epsilon is an independent dp_accounting computation of
 ceil(T / b) Poisson rounds at q = b B / N; and what cannot be private is
-refused.
+refused. Scale-then-privatize composes with it: its noise, in the scaled
+space, has the strategy's covariance.
 """
 
 import math
@@ -25,6 +26,7 @@ from absl.testing import parameterized
 import tf_dpadam
 from tf_dpadam.accounting import epsilon as accounting_epsilon
 from tf_dpadam.optimizers import paper
+from tf_dpadam.optimizers import scale_then_privatize
 from tf_dpadam.privatizer import correlated_noise
 from tf_dpadam.tools import run_dir
 
@@ -63,6 +65,40 @@ class _Record(keras.callbacks.Callback):
         average = getattr(optimizer, "_phi_average", None)
         if average is not None:
             self.averages.append(float(average.numpy()))
+
+
+class _SeenScaleThenPrivatize(
+        scale_then_privatize.DPAdamScaleThenPrivatize):
+    """Scale-then-privatize that keeps the private gradient it gets (in
+    the scaled space, before it undoes the scaling) and its scales."""
+
+    def build(self, variables):
+        super().build(variables)
+        self.seen = tf.Variable(tf.zeros(variables[0].shape),
+                                trainable=False)
+        self.seen_scale = tf.Variable(tf.zeros(variables[0].shape),
+                                      trainable=False)
+
+    def apply(self, grads, trainable_variables=None):
+        if self._private_apply_depth:
+            self.seen.assign(tf.cast(grads[0], tf.float32))
+            self.seen_scale.assign(self.scales(self._trainable_variables)[0])
+        return super().apply(grads, trainable_variables)
+
+
+class _RecordSeen(keras.callbacks.Callback):
+    """Each step's private gradient and scale (`_SeenScaleThenPrivatize`)
+    and the weights after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.scales, self.weights = [], [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.seen.append(optimizer.seen.numpy().copy())
+        self.scales.append(optimizer.seen_scale.numpy().copy())
+        self.weights.append(self.model.trainable_variables[0].numpy().copy())
 
 
 def _data():
@@ -207,6 +243,45 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
             np.testing.assert_allclose(record.averages[t], average,
                                        rtol=1e-5)
         self.assertGreater(expected[-1] / expected[0], 1.3)
+
+    @pytest.mark.slow
+    def test_scale_then_privatize_composes(self):
+        # The noise is added in the scaled space, where each step is the
+        # Gaussian mechanism of sensitivity C: there it has the strategy's
+        # covariance, and the update divides it by the step's scales
+        # (which change from step to step, as Adam's v does).
+        bands = 4
+        model = _zero_gradient_model()
+        _compile(model, bands, _SeenScaleThenPrivatize, learning_rate=1e-3)
+        record = _RecordSeen()
+        _fit(model, 1, record)
+        noise = (np.stack(record.seen).reshape(len(record.seen), -1)
+                 * B / (SIGMA * CLIP))
+        self.assertEqual(noise.shape, (N // B, IN * OUT))
+        strategy = correlated_noise.BandedToeplitz.bisr(bands)
+        _check_covariance(self, noise, strategy)
+        with self.assertRaises(AssertionError):
+            _check_covariance(self, noise,
+                              correlated_noise.BandedToeplitz((1.0,)))
+        # The scales move from step to step (as Adam's v does), and every
+        # update is Keras Adam's on the unscaled private gradient
+        # g_t = w_t / (B s_t): a NumPy Adam in lockstep.
+        self.assertGreater(np.max(np.abs(record.scales[-1]
+                                         - record.scales[1])), 0.0)
+        optimizer = model.optimizer
+        beta_1, beta_2 = optimizer.beta_1, optimizer.beta_2
+        theta = np.zeros(IN * OUT)
+        m, v = np.zeros_like(theta), np.zeros_like(theta)
+        for t, (seen, scale, weights) in enumerate(
+                zip(record.seen, record.scales, record.weights), start=1):
+            g = (seen / scale).reshape(-1).astype("float64")
+            m = beta_1 * m + (1 - beta_1) * g
+            v = beta_2 * v + (1 - beta_2) * g * g
+            alpha = 1e-3 * math.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+            theta = theta - alpha * m / (np.sqrt(v) + optimizer.epsilon)
+            np.testing.assert_allclose(weights.reshape(-1), theta,
+                                       rtol=1e-3, atol=1e-7,
+                                       err_msg=f"step {t}")
 
     @pytest.mark.slow
     def test_epsilon_is_dp_accountings_of_the_amplified_mechanism(self):
