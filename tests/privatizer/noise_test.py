@@ -65,3 +65,72 @@ class NoiseTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class PhiloxKeyTest(absltest.TestCase):
+    """The noise's Philox key by one kernel outside XLA: the very values of
+    `tf.random.stateless_*(alg="philox")`, with far fewer ops."""
+
+    def _seeds(self):
+        rng = np.random.default_rng(5)
+        for dtype in (np.int32, np.int64):
+            info = np.iinfo(dtype)
+            for _ in range(6):
+                yield tf.constant(rng.integers(info.min, info.max, size=2,
+                                               dtype=dtype))
+
+    def test_the_values_of_tensorflows_philox_in_graphs_and_eagerly(self):
+        for seed in self._seeds():
+            for run in (lambda f: f(), lambda f: tf.function(f)()):
+                np.testing.assert_array_equal(
+                    run(lambda: noise.gaussian([7, 3], 1.7, "float32", seed)),
+                    run(lambda: tf.random.stateless_normal(
+                        [7, 3], seed=seed, stddev=1.7, alg="philox")))
+                np.testing.assert_array_equal(
+                    run(lambda: noise.split(seed, 5)),
+                    run(lambda: tf.random.experimental.stateless_split(
+                        seed, 5, alg="philox")))
+                # Secure mode: the sum of normals from the split seeds.
+                parts = tf.random.experimental.stateless_split(
+                    seed, noise.SECURE_MODE_DRAWS, alg="philox")
+                part = 1.7 / noise.SECURE_MODE_DRAWS ** 0.5
+                np.testing.assert_array_equal(
+                    run(lambda: noise.gaussian([4], 1.7, "float32", seed,
+                                               secure_mode=True)),
+                    run(lambda: tf.add_n([tf.random.stateless_normal(
+                        [4], seed=s, stddev=part, alg="philox")
+                        for s in tf.unstack(parts)])))
+
+    def test_under_xla_the_values_of_tensorflows_xla_philox(self):
+        seed = tf.constant([123456789012345, -98765432109876], tf.int64)
+
+        def compiled(function):
+            return tf.function(function, jit_compile=True)().numpy()
+
+        theirs = compiled(lambda: tf.random.stateless_normal(
+            [64], seed=seed, alg="philox"))
+        np.testing.assert_array_equal(
+            compiled(lambda: noise.gaussian([64], 1.0, "float32", seed,
+                                            xla=True)), theirs)
+        np.testing.assert_array_equal(
+            compiled(lambda: noise.draw([tf.zeros([64])], 1.0, seed,
+                                        xla=True)[0]),
+            compiled(lambda: tf.random.stateless_normal(
+                [64], seed=tf.random.experimental.stateless_split(
+                    seed, 1, alg="philox")[0], alg="philox")))
+        # Why the step says when it is compiled: XLA derives another key
+        # from the kernel (the test can fail).
+        self.assertFalse(np.array_equal(
+            compiled(lambda: noise.gaussian([64], 1.0, "float32", seed)),
+            theirs))
+
+    def test_one_kernel_instead_of_tensorflows_python_scramble(self):
+        seed = tf.constant([1, 2], tf.int64)
+
+        def num_ops(xla):
+            graph = tf.function(lambda: noise.draw(
+                [tf.zeros([3])] * 4, 1.0, seed, xla=xla)
+            ).get_concrete_function().graph
+            return len(graph.get_operations())
+
+        self.assertLess(num_ops(False) * 3, num_ops(True))

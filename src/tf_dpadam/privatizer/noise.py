@@ -23,37 +23,73 @@ from keras import ops
 SECURE_MODE_DRAWS = 4
 
 
+# TensorFlow's Philox algorithm (`tf.random.Algorithm.PHILOX`).
+_PHILOX = 1
+
+
+def _philox_key_counter(seed):
+    """The Philox key and counter of a `[2]` seed, by one kernel.
+
+    `tf.random.stateless_*(alg="philox")` derives them with some thirty
+    small ops written in Python (so that XLA derives the same ones): about
+    40 ms of tracing per call and as many ops in every step, for each
+    noise tensor. Outside XLA the `StatelessRandomGetKeyCounter` kernel
+    derives the very same key and counter (bit for bit, int32 or int64
+    seeds; `noise_test`); under XLA its compilation derives others, so
+    the callers pass `xla` and the XLA step keeps TensorFlow's own path.
+    """
+    return tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
+
+
+def split(seed, num, xla=False):
+    """`tf.random.experimental.stateless_split(seed, num, alg="philox")`,
+    the same `[num, 2]` seeds (of seed's dtype), by one kernel outside XLA
+    (`_philox_key_counter`)."""
+    seed = tf.convert_to_tensor(seed)
+    if xla:
+        return tf.random.experimental.stateless_split(seed, num, alg="philox")
+    key, counter = _philox_key_counter(seed)
+    return tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=[num, 2], key=key, counter=counter, alg=_PHILOX,
+        dtype=seed.dtype)
+
+
+def _normal(shape, stddev, dtype, seed, xla):
+    if xla:
+        return tf.random.stateless_normal(
+            shape, seed=seed, stddev=stddev, dtype=dtype, alg="philox")
+    key, counter = _philox_key_counter(seed)
+    return tf.raw_ops.StatelessRandomNormalV2(
+        shape=shape, key=key, counter=counter, alg=_PHILOX,
+        dtype=dtype) * ops.cast(stddev, dtype)
+
+
 def gaussian(shape, stddev, dtype, seed,
-             secure_mode: bool = False) -> tf.Tensor:
+             secure_mode: bool = False, xla: bool = False) -> tf.Tensor:
     """N(0, stddev^2) samples from TensorFlow's Philox generator.
 
     `seed` is a `[2]` integer seed (int32 or int64; all 64 bits of int64
     words are used). The algorithm is named: TensorFlow's default ("auto_select")
     compiles under XLA on CPU to a generator 50x slower than Philox (1.8M
     normals: 620 vs 12 ms; graphs: 18 ms either way), which made the noise
-    alone cost a third of an XLA step of the text model. With
+    alone cost a third of an XLA step of the text model. The values are
+    `tf.random.stateless_normal(..., alg="philox")`'s, bit for bit; `xla`:
+    the draw is compiled with XLA (True where it may be: the values are then
+    XLA's, which differ; see `_philox_key_counter`). With
     `secure_mode`, each value is the sum of `SECURE_MODE_DRAWS` independent
     normals of std `stddev / sqrt(SECURE_MODE_DRAWS)`.
     """
     seed = tf.convert_to_tensor(seed)
     if not secure_mode:
-        return tf.random.stateless_normal(
-            shape, seed=seed, stddev=stddev, dtype=dtype, alg="philox"
-        )
-    draws = tf.random.experimental.stateless_split(
-        seed, SECURE_MODE_DRAWS, alg="philox"
-    )
+        return _normal(shape, stddev, dtype, seed, xla)
+    draws = split(seed, SECURE_MODE_DRAWS, xla)
     part = stddev / SECURE_MODE_DRAWS ** 0.5
-    return tf.add_n([
-        tf.random.stateless_normal(
-            shape, seed=s, stddev=part, dtype=dtype, alg="philox"
-        )
-        for s in tf.unstack(draws)
-    ])
+    return tf.add_n([_normal(shape, part, dtype, s, xla)
+                     for s in tf.unstack(draws)])
 
 
 def add_noise(grads: Sequence, stddev, seed, share=1.0,
-              secure_mode: bool = False) -> list:
+              secure_mode: bool = False, xla: bool = False) -> list:
     """Adds N(0, stddev^2) noise to every coordinate, once.
 
     Args:
@@ -65,6 +101,7 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
         share: multiplies the noise; under `tf.distribute` it is 1 on one
             replica and 0 on the others, so that the noise is added once.
         secure_mode: each value the sum of several normals (`gaussian`).
+        xla: whether the step is compiled with XLA (`gaussian`).
 
     Returns:
         The noised tensors, float32 whatever the dtype of `grads` (the noise
@@ -76,27 +113,26 @@ def add_noise(grads: Sequence, stddev, seed, share=1.0,
     if not tf.is_tensor(stddev) and stddev == 0:
         return grads
     return [g + ops.cast(share, "float32") * z
-            for g, z in zip(grads, draw(grads, stddev, seed, secure_mode))]
+            for g, z in zip(grads, draw(grads, stddev, seed, secure_mode,
+                                        xla))]
 
 
-def draw(grads: Sequence, stddev, seed, secure_mode: bool = False) -> list:
+def draw(grads: Sequence, stddev, seed, secure_mode: bool = False,
+         xla: bool = False) -> list:
     """The noise that `add_noise` adds (before `share`): one float32
     N(0, stddev^2) tensor per tensor of `grads` (their shapes), each from
     its own seed split from `seed`."""
     # Never the same seed twice: equal-shaped tensors would get equal noise.
-    seeds = tf.unstack(tf.random.experimental.stateless_split(
-        tf.cast(seed, tf.int64), num=len(grads), alg="philox"
-    ))
+    seeds = tf.unstack(split(tf.cast(seed, tf.int64), len(grads), xla))
     return [gaussian(ops.shape(g), stddev, "float32", s,
-                     secure_mode=secure_mode)
+                     secure_mode=secure_mode, xla=xla)
             for g, s in zip(grads, seeds)]
 
 
-def split_seed(seed) -> tuple:
+def split_seed(seed, xla: bool = False) -> tuple:
     """Two independent `[2]` seeds from one (Philox): the gradient noise's
     and, under adaptive clipping, the count's."""
-    first, second = tf.unstack(tf.random.experimental.stateless_split(
-        tf.cast(seed, tf.int64), num=2, alg="philox"))
+    first, second = tf.unstack(split(tf.cast(seed, tf.int64), 2, xla))
     return first, second
 
 

@@ -93,7 +93,8 @@ def train_step(model, data, *, noise_seeds, hooks: Sequence = (),
     # Phases 3 to 5: noise, scale, update (once per logical step).
     update_lib.apply_clipped_sum(
         update_lib.Update(optimizer, variables, noise_seeds, tuple(hooks),
-                          model.secure_mode, ledger, noise_history),
+                          model.secure_mode, ledger, noise_history,
+                          xla=model.jit_compile is True),
         summed, ops.sum(present), unclipped,
     )
 

@@ -57,6 +57,8 @@ class Update:
         noise_history: the model's `noise_history.NoiseHistory`, which
             correlated noise (an optimizer's `noise_strategy` of b > 1
             bands) needs.
+        xla: whether the step is compiled with XLA (the noise's Philox key
+            is then derived as XLA derives it: `noise.gaussian`).
     """
     optimizer: object
     variables: Sequence
@@ -65,6 +67,7 @@ class Update:
     secure_mode: bool = False
     ledger: object = None
     noise_history: object = None
+    xla: bool = False
 
 
 def count_step(update: Update) -> None:
@@ -154,7 +157,7 @@ def logical_step(update: Update, sums) -> None:
     count_step(update)
     count_seed = None
     if sums.unclipped is not None:
-        seed, count_seed = noise.split_seed(seed)
+        seed, count_seed = noise.split_seed(seed, update.xla)
 
     correlated = CorrelatedNoise.of(update)
     noised, count, unclipped = sums.noised(
@@ -288,12 +291,14 @@ class CorrelatedNoise:
         update = self.update
         if self.strategy is None:
             return noise.add_noise(summed, stddev, seed, share=share,
-                                   secure_mode=update.secure_mode)
+                                   secure_mode=update.secure_mode,
+                                   xla=update.xla)
         summed = [ops.cast(g, "float32") for g in summed]
         history = update.noise_history
         state = history.state(self.strategy,
                               [tuple(g.shape) for g in summed])
-        drawn = noise.draw(summed, stddev, seed, update.secure_mode)
+        drawn = noise.draw(summed, stddev, seed, update.secure_mode,
+                           update.xla)
         correlated, self.variance, state = correlated_noise.correlate(
             self.strategy, drawn, state)
         history.assign(state)
@@ -311,4 +316,4 @@ def _count_noise(update: Update, unclipped, seed):
     """The noise of adaptive clipping's unclipped counts (one draw)."""
     return noise.gaussian(
         ops.shape(unclipped), update.optimizer.clipped_count_stddev(),
-        "float32", seed, secure_mode=update.secure_mode)
+        "float32", seed, secure_mode=update.secure_mode, xla=update.xla)
