@@ -67,6 +67,19 @@ def fake_train_fn(accuracy, calls=None, validation=None):
     return train_fn
 
 
+def tiny_images(num_train=64, num_test=32):
+    """8x8 images whose brightness gives the class, as
+    `datasets.load_image_dataset` returns them."""
+    rng = np.random.default_rng(0)
+    splits = []
+    for n in (num_train, num_test):
+        y = rng.integers(0, 10, n).astype(np.int32)
+        x = (y[:, None, None, None] * 0.1
+             + rng.random((n, 8, 8, 1)) * 0.05).astype(np.float32)
+        splits.append((x, y))
+    return tuple(splits)
+
+
 def copy_testdata(name):
     """A scratch copy of research/tests/testdata/<name> (a folder of run
     folders)."""

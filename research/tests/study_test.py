@@ -17,19 +17,7 @@ from research import datasets
 from research import imbalance
 from research import study
 from research import study_plan
-
-
-def _tiny_images(num_train=64, num_test=32):
-    """8x8 images whose brightness gives the class, as
-    `datasets.load_image_dataset` returns them."""
-    rng = np.random.default_rng(0)
-    splits = []
-    for n in (num_train, num_test):
-        y = rng.integers(0, 10, n).astype(np.int32)
-        x = (y[:, None, None, None] * 0.1
-             + rng.random((n, 8, 8, 1)) * 0.05).astype(np.float32)
-        splits.append((x, y))
-    return tuple(splits)
+from research.tests import research_helpers
 
 
 def _numpy_median_ratio(checkpoint, config):
@@ -65,8 +53,9 @@ class StudyTest(absltest.TestCase):
 
         def train_fn(config):
             trained.append(config)
-            with mock.patch.object(datasets, "load_image_dataset",
-                                   return_value=_tiny_images()):
+            with mock.patch.object(
+                    datasets, "load_image_dataset",
+                    return_value=research_helpers.tiny_images()):
                 return train(config)
 
         path = study.study(plan, train_fn, phase="all",
@@ -172,7 +161,7 @@ class ImbalanceStudyTest(absltest.TestCase):
         # accuracy beside Adam's moments, and the report and its JSON show
         # the worst class's mean over seeds.
         work = tempfile.mkdtemp()
-        (_, y_train), _ = _tiny_images(num_train=200)
+        (_, y_train), _ = research_helpers.tiny_images(num_train=200)
         num_examples = sum(imbalance.geometric_class_sizes(
             np.bincount(y_train, minlength=10), 0.25))
         plan = study.make_study_plan(
@@ -184,8 +173,9 @@ class ImbalanceStudyTest(absltest.TestCase):
         train = study_plan.make_train_fn()
 
         def train_fn(config):
-            with mock.patch.object(datasets, "load_image_dataset",
-                                   return_value=_tiny_images(num_train=200)):
+            with mock.patch.object(
+                    datasets, "load_image_dataset",
+                    return_value=research_helpers.tiny_images(num_train=200)):
                 return train(config)
 
         path = study.study(plan, train_fn, phase="all",

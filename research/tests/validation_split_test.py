@@ -38,19 +38,6 @@ def _ids(n):
     return np.stack([ids, ids], axis=1), (ids % 10).astype(np.int32)
 
 
-def _tiny_images(num_train=64, num_test=32):
-    """8x8 images whose brightness gives the class, as
-    `datasets.load_image_dataset` returns them."""
-    rng = np.random.default_rng(0)
-    splits = []
-    for n in (num_train, num_test):
-        y = rng.integers(0, 10, n).astype(np.int32)
-        x = (y[:, None, None, None] * 0.1
-             + rng.random((n, 8, 8, 1)) * 0.05).astype(np.float32)
-        splits.append((x, y))
-    return tuple(splits)
-
-
 class SplitTest(absltest.TestCase):
 
     def test_disjoint_complete_and_sized(self):
@@ -207,7 +194,7 @@ class TrainingTest(absltest.TestCase):
 class BinariesTest(absltest.TestCase):
 
     def test_image_split_after_the_cap_and_the_cut_whatever_the_seed(self):
-        images = _tiny_images(num_train=200)
+        images = research_helpers.tiny_images(num_train=200)
         (x_all, y_all), _ = images
         seen = []
 
@@ -244,7 +231,7 @@ class BinariesTest(absltest.TestCase):
         config = research_helpers.train_config(
             epochs=2 * 16 / 48, validation_examples=16)
         with mock.patch.object(datasets, "load_image_dataset",
-                               return_value=_tiny_images()):
+                               return_value=research_helpers.tiny_images()):
             results = train_image.run("fashion_mnist", None, config)
         self.assertEqual((results["num_examples"], results["steps"]),
                          (48, 2))
