@@ -344,4 +344,13 @@ def _train(model_dir, config, *, data, train_fn, command, machine):
     # Its garbage collection (free_memory=True) also frees what reference
     # cycles keep of the run (its model, optimizer and pipeline).
     keras.backend.clear_session()
-    return load_record(model_dir, config, data)
+    record = load_record(model_dir, config, data)
+    if record is None:
+        metrics = read_json(os.path.join(model_dir, METRICS)) or {}
+        raise RuntimeError(
+            f"{model_dir}: training returned, but its {METRICS} reports"
+            f" {metrics.get('steps')} of {metrics.get('planned_steps')}"
+            " planned steps (or is missing): the run is not finished and"
+            " has no record; look at its log, or delete the folder to"
+            " train it again.")
+    return record

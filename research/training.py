@@ -46,6 +46,7 @@ import os
 import sys
 import time
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -490,6 +491,14 @@ def _train_private(model, model_fn, train, test, config, loss, *,
         if model_steps(model) != done:  # With the steps a kill lost.
             done = common.bands_steps(model_steps(model), bands, up=True)
             batches = _plan(config, train, done)[2]
+    # With b > 1 a resume after a kill starts the plan at the next whole
+    # cycle: the steps up to it that the kill did not take are never taken,
+    # and the run ends short of `steps` by as many (its planned steps).
+    skipped = done - model_steps(model)
+    if skipped:
+        logging.info("Resuming at step %d of the plan, a whole cycle of the"
+                     " %d groups: the run takes %d steps fewer than %d.",
+                     done, bands, skipped, steps)
     budget = tf_dpadam.PrivacyBudget(
         num_examples=num_examples,
         accountant=ACCOUNTANT,
@@ -547,7 +556,7 @@ def _train_private(model, model_fn, train, test, config, loss, *,
         "config": common.config_record(config),
         "num_examples": num_examples,
         "steps": steps_done,
-        "planned_steps": steps,
+        "planned_steps": steps - skipped,
         "epsilon": epsilon,
         "delta": config.delta,
         "test_accuracy": float(test_accuracy),

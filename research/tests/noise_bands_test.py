@@ -13,6 +13,7 @@ import numpy as np
 from absl.testing import absltest
 
 import tf_dpadam
+from tf_dpadam.tools import run_dir as run_dir_lib
 from research import common
 from research import runs
 from research import study_plan
@@ -134,6 +135,55 @@ class NoiseBandsTrainingTest(absltest.TestCase):
         self.assertAlmostEqual(resumed["epsilon"], common.steps_epsilon(
             steps=8, num_examples=_N, batch_size=_B, noise_multiplier=1.0,
             delta=1e-5, noise_bands=4), places=9)
+
+    def test_a_kill_before_the_first_checkpoint_resumes_to_a_record(self):
+        # A kill (here an exception) at step 3 of 20, evaluated every 12:
+        # no checkpoint, but the ledger reserved (and counts) 10 steps. The
+        # resume starts the plan at step 12, a whole cycle of the 4 groups,
+        # and takes 8 steps: 18 of the run's 20 (the study once crashed on
+        # the unfinished record).
+        data = _tiny_data()
+        model_dir = tempfile.mkdtemp()
+        config = _config(model_dir=model_dir, epochs=20 * _B / _N,
+                         eval_every=12)
+
+        class Kill(Exception):
+            pass
+
+        class KillAtStep3(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                if batch == 3:
+                    raise Kill()
+
+        def train_fn(callbacks):
+            return lambda config: training.fit_private(
+                _tiny_model, data, data, config, _LOSS, validate=False,
+                verbose=0, callbacks=callbacks)
+
+        kwargs = dict(data={}, command="x", machine={})
+        with self.assertRaises(Kill):
+            runs.execute(model_dir, config, train_fn=train_fn([KillAtStep3()]),
+                         **kwargs)
+        self.assertFalse(run_dir_lib.has_checkpoint(model_dir))
+        self.assertEqual(runs.read_json(os.path.join(
+            model_dir, runs.LEDGER))["reserved_steps"], 10)
+        record = runs.execute(model_dir, config, train_fn=train_fn([]),
+                              **kwargs)
+        self.assertIsNotNone(record)
+        metrics = runs.read_json(os.path.join(model_dir, runs.METRICS))
+        self.assertEqual((metrics["steps"], metrics["planned_steps"]),
+                         (18, 18))
+        # The 10 counted steps (3 rounds) and the 8 taken (2 rounds): the 5
+        # rounds of the 20 planned.
+        self.assertEqual(
+            [(s["steps"], s["bands"]) for s in metrics["ledger"]["segments"]],
+            [(10, 4), (8, 4)])
+        self.assertAlmostEqual(record.epsilon, common.steps_epsilon(
+            steps=20, num_examples=_N, batch_size=_B, noise_multiplier=1.0,
+            delta=1e-5, noise_bands=4), places=9)
+        # Read back, finished, without training.
+        self.assertEqual(runs.execute(model_dir, config, train_fn=None,
+                                      **kwargs), record)
 
     def test_random_access_sources_are_refused(self):
         source = training.record_sources.RecordSource(

@@ -87,6 +87,20 @@ class RunFolderTest(absltest.TestCase):
         self.assertEqual(again, record)
         self.assertLen(calls, 1)
 
+    def test_a_train_fn_that_stops_short_is_a_clear_error(self):
+        model_dir = os.path.join(tempfile.mkdtemp(), "run")
+        config = _config(model_dir)
+        finish = research_helpers.fake_train_fn(lambda c: 0.5)
+
+        def short(config):  # Writes a record of 2 of 4 planned steps.
+            results = dict(finish(config), steps=2)
+            runs.write_json(os.path.join(model_dir, runs.METRICS), results)
+
+        with self.assertRaisesRegex(
+                RuntimeError, "reports 2 of 4 planned steps"):
+            runs.execute(model_dir, config, train_fn=short, data=_DATA,
+                         command="x", machine={})
+
     def test_interrupted_run_is_trained_again_as_resumed(self):
         model_dir = os.path.join(tempfile.mkdtemp(), "run")
         config = _config(model_dir)

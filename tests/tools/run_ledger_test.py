@@ -235,6 +235,30 @@ class RestoreTest(absltest.TestCase):
         self.assertGreater(resumed.epsilon(1e-5), mine.epsilon(1e-5))
         self.assertGreater(resumed.epsilon(1e-5), theirs.epsilon(1e-5))
 
+    def test_reserved_steps_of_a_banded_run_count_its_cyclic_groups(self):
+        # A run with b = 4 bands killed before its first checkpoint, 10
+        # steps reserved: they were cyclic Poisson steps over 4 groups, so
+        # they count as ceil(10 / 4) = 3 Poisson steps at q = 4 B / N, not
+        # as 10 at q = B / N (whose epsilon is smaller: a kill once
+        # printed it).
+        settings = dict(_SETTINGS, noise_bands=4)
+        mechanism = run_ledger.mechanism_of(settings)
+        self.assertEqual((mechanism.bands, mechanism.sampling_rate),
+                         (4, 4 * 16 / 64))
+        record = run_ledger.Record(settings, _ledger(), None, 10)
+        resumed = run_ledger.to_restore(None, record, mechanism)
+        self.assertEqual([(s.steps, s.mechanism.bands)
+                          for s in resumed.segments], [(10, 4)])
+        cyclic = ledger_lib.Mechanism.poisson(1.0, 64, 4 * 16)
+        self.assertAlmostEqual(resumed.epsilon(1e-5),
+                               _pld_epsilon((cyclic, 3)), delta=1e-3)
+        self.assertGreater(resumed.epsilon(1e-5),
+                           _pld_epsilon((_RUN, 10)) + 0.5)
+        # A checkpoint from before the model's ledger: its steps likewise.
+        before = run_ledger.to_restore(
+            _checkpoint(_ledger(), False, 8), None, mechanism)
+        self.assertEqual(before.segments[0].mechanism.bands, 4)
+
     def test_deleted_checkpoints_start_from_the_record(self):
         resumed = self.resumed(None, _record(_ledger(3, 4), reserved=9))
         self.assertEqual([s.steps for s in resumed.segments], [3, 4, 2])

@@ -177,10 +177,14 @@ class Record:
 
 
 def mechanism_of(settings, source=ABANDONED):
-    """The `Mechanism` of a step with `settings` (Poisson batches)."""
+    """The `Mechanism` of a step with `settings` (Poisson batches; with
+    `noise_bands` b > 1, cyclic Poisson over b groups: a step counted at
+    b = 1 would count T steps of the run as T Poisson steps at q = B / N,
+    not ceil(T / b) at q = b B / N, and give a smaller epsilon)."""
     return ledger_lib.Mechanism.poisson(
         settings["noise_multiplier"], settings["num_examples"],
-        settings["batch_size"], settings.get("accumulation_steps", 1), source)
+        settings["batch_size"], settings.get("accumulation_steps", 1), source,
+        bands=settings.get("noise_bands", 1))
 
 
 def from_segments(value):
