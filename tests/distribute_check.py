@@ -143,6 +143,49 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size,
     }
 
 
+class _WeightsAfterEachStep(keras.callbacks.Callback):
+
+    def __init__(self, accumulation_steps):
+        super().__init__()
+        self.k, self.weights = accumulation_steps, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.k == 0:  # A logical step's last batch.
+            self.weights.append(self.model.trainable_variables[0].numpy())
+
+
+def banded_noise_covariance(replicas, bands, accumulation_steps=1):
+    """Correlated noise (`noise_strategy=bands`) on zero gradients: the
+    T x T covariance of the T = 16 steps' noise over its 102,400
+    coordinates (each step's noise w_t / (sigma C), unit variance per
+    independent draw), for the test to compare with M^-1 M^-T."""
+    units, batch, examples = 320, 8, 128
+    with _strategy(replicas).scope():
+        base = keras.Sequential([
+            keras.Input((units,)),
+            keras.layers.Dense(units, use_bias=False,
+                               kernel_initializer="zeros"),
+        ])
+        model = tf_dpadam.make_private(base, seed=4,
+                                       check_independence=False)
+        model.compile(
+            optimizer=tf_dpadam.DPSGD(
+                l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=1.0,
+                batch_size=batch, noise_strategy=bands,
+                gradient_accumulation_steps=accumulation_steps),
+            loss="mse")
+    x = np.zeros((examples, units), "float32")
+    record = _WeightsAfterEachStep(accumulation_steps)
+    model.fit(x, x, verbose=0, callbacks=[record])  # Cyclic Poisson.
+    assert model.noise_history.draws == examples // batch
+    steps = np.stack([np.zeros((units, units))] + record.weights)
+    noise = -np.diff(steps.reshape(len(steps), -1), axis=0) * batch
+    return {"covariance": (noise @ noise.T / noise.shape[1]).tolist(),
+            "size": int(noise.shape[1]),
+            "ledger_bands": sorted({s.mechanism.bands
+                                    for s in model.privacy_ledger.segments})}
+
+
 def main():
     # The independence guard (its first check, its own traces: 1-2 s a
     # replicated fit) runs where the replicas change what it checks: the
@@ -186,6 +229,11 @@ def main():
         "noise_accumulated": noise_update(
             _REPLICAS, 320, 1.3, 0.5, 32, None, accumulation_steps=4
         ),
+        # Correlated noise (issue 53): the history read and written once
+        # per logical step, on the replicas and with accumulation.
+        "banded": banded_noise_covariance(_REPLICAS, 4),
+        "banded_accumulated": banded_noise_covariance(
+            _REPLICAS, 4, accumulation_steps=2),
     }
     print("RESULT " + json.dumps(result))
 

@@ -1,7 +1,9 @@
 """tf.distribute replicas: one noise draw in total and the global B.
 
 Also gradient accumulation with replicas: k physical batches on each
-replica, one all-reduce and one noise draw per logical step.
+replica, one all-reduce and one noise draw per logical step; and correlated
+noise (b > 1 bands), whose secret history every replica reads and the first
+replica's step writes, once per logical step.
 """
 
 import json
@@ -12,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 from absl.testing import absltest
+
+from tf_dpadam.privatizer import correlated_noise
 
 pytestmark = pytest.mark.slow  # A subprocess with four replicas.
 
@@ -94,6 +98,33 @@ class DistributeTest(absltest.TestCase):
             # sqrt(k) = 2x, per micro-batch and replica 4x.
             self.assertAlmostEqual(stats["std"] / expected, 1.0, delta=0.015)
             self.assertAlmostEqual(stats["phi"] / expected**2, 1.0, places=5)
+
+    def test_correlated_noise_on_replicas_has_the_strategys_covariance(self):
+        # 16 steps of b = 4 bands (the banded inverse square root) on 4
+        # replicas, without and with accumulation (k = 2): the measured
+        # T x T covariance of the noise over 102,400 coordinates equals
+        # M^-1 M^-T within 6 standard errors of each entry. A history that
+        # each replica wrote (plain variables) counted 64 draws and was off
+        # by 67 standard errors; independent noise is off too.
+        strategy = correlated_noise.BandedToeplitz.bisr(4)
+        inverse = np.linalg.inv(strategy.matrix(16))
+        independent = np.eye(16)
+        for key in ("banded", "banded_accumulated"):
+            result = self.result[key]
+            self.assertEqual(result["ledger_bands"], [4])
+            measured = np.array(result["covariance"])
+            self.assertLess(_standard_errors(measured, inverse @ inverse.T,
+                                             result["size"]), 6.0)
+            self.assertGreater(_standard_errors(measured, independent,
+                                                result["size"]), 6.0)
+
+
+def _standard_errors(measured, expected, size):
+    """The largest |measured - expected| of a covariance estimated from
+    `size` coordinates, in standard errors of its entry."""
+    diagonal = np.diag(expected)
+    error = np.sqrt((np.outer(diagonal, diagonal) + expected**2) / size)
+    return float(np.max(np.abs(measured - expected) / error))
 
 
 if __name__ == "__main__":

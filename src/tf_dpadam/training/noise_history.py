@@ -43,6 +43,9 @@ class NoiseHistory:
         self._shapes = None
         self._variables = None  # (history tuple, impulse, variance, draws)
         self._pending = None  # A restored state, for the next `state`.
+        # The model's `tf.distribute` strategy (`draws_for`), whose replicas
+        # each read a copy of the history (`_new_variable`).
+        self._distribute = None
 
     @property
     def draws(self) -> int:
@@ -54,16 +57,21 @@ class NoiseHistory:
             return 0
         return int(self._variables[3].numpy())
 
-    def draws_for(self, strategy, shapes=None) -> int:
+    def draws_for(self, strategy, shapes=None, distribute=None) -> int:
         """The steps of the history that the next banded step of `strategy`
         continues (0 for a new one, or without `strategy`): the history is
         made now (eagerly) where `shapes` are known, so that it does not
         start again in the step's trace after the batches are aligned with
         this count.
 
+        `distribute`: the model's `tf.distribute` strategy (None: the
+        current one), under which the history's variables are made.
+
         Raises:
             ValueError: a restored state has another strategy.
         """
+        if distribute is not None:
+            self._distribute = distribute
         if strategy is None or strategy.bands == 1:
             return 0
         if shapes is None:
@@ -95,11 +103,10 @@ class NoiseHistory:
             with tf.init_scope():
                 initial = correlated_noise.initial_state(strategy, shapes)
                 self._variables = (
-                    tuple(tf.Variable(h, trainable=False)
-                          for h in initial.history),
-                    tf.Variable(initial.impulse, trainable=False),
-                    tf.Variable(initial.variance, trainable=False),
-                    tf.Variable(initial.draws, trainable=False))
+                    tuple(self._new_variable(h) for h in initial.history),
+                    self._new_variable(initial.impulse),
+                    self._new_variable(initial.variance),
+                    self._new_variable(initial.draws))
                 if pending is not None:
                     self._assign_numpy(pending, shapes)
             self.strategy, self._shapes = strategy, shapes
@@ -108,6 +115,21 @@ class NoiseHistory:
         return correlated_noise.NoiseState(
             tuple(h.read_value() for h in history), impulse.read_value(),
             variance.read_value(), draws.read_value())
+
+    def _new_variable(self, value):
+        """A variable of the history. Under `tf.distribute` replicas, one
+        copy per replica (each reads its own) that an assignment in a
+        replica's step sets from the first replica's value, the one whose
+        noise the step adds (`replicas.first_replica_share`); in
+        cross-replica context (accumulation) it sets them all."""
+        distribute = self._distribute or tf.distribute.get_strategy()
+        if distribute.num_replicas_in_sync == 1:
+            return tf.Variable(value, trainable=False)
+        with distribute.scope():
+            return tf.Variable(
+                value, trainable=False,
+                synchronization=tf.VariableSynchronization.ON_WRITE,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
     def assign(self, state: correlated_noise.NoiseState) -> None:
         """Stores the state after a draw (in the step's graph)."""

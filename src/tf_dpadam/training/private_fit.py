@@ -339,7 +339,7 @@ class SamplingFitMixin:
         draws = self.noise_history.draws_for(
             optimizer.noise_strategy,
             [v.shape for v in self.trainable_variables] if self.built
-            else None)
+            else None, self.distribute_strategy)
         if not is_in_memory(x):
             plan = plan_of_data(x, k)
             if bands > 1:

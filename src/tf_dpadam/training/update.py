@@ -36,6 +36,7 @@ from typing import Sequence
 import tensorflow as tf
 from keras import ops
 
+from tf_dpadam.data import sharding
 from tf_dpadam.privatizer import adaptive_clipping
 from tf_dpadam.privatizer import correlated_noise
 from tf_dpadam.privatizer import noise
@@ -276,11 +277,13 @@ class CorrelatedNoise:
         strategy = update.optimizer.noise_strategy
         if strategy is None or strategy.bands == 1:
             return cls(update, None)
-        if tf.distribute.has_strategy():
+        if tf.distribute.has_strategy() and sharding.workers_and_local_replicas(
+                tf.distribute.get_strategy())[0] > 1:
             raise ValueError(
-                f"Expected noise_strategy with 1 band under tf.distribute,"
-                f" got {strategy.bands} bands: correlated noise runs on one"
-                " device for now.")
+                f"Expected noise_strategy with 1 band with several"
+                f" tf.distribute workers, got {strategy.bands} bands:"
+                " correlated noise runs on the replicas of one worker"
+                " (e.g. MirroredStrategy) for now.")
         if update.noise_history is None:
             raise ValueError("Expected a private model's noise history for"
                              " correlated noise (noise_strategy).")
