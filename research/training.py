@@ -65,8 +65,8 @@ def poisson_plan(config, train, first_step=0):
     random access (only the sampled records of each step). `first_step`:
     the steps a resumed run has taken (its batches continue, never replay,
     theirs; with `config.noise_bands` = b > 1 a multiple of b, and the
-    batches cyclic Poisson ones over b groups, which a random-access
-    source does not have: a ValueError).
+    batches cyclic Poisson ones over b groups, from arrays or by random
+    access).
     """
     bands = config.noise_bands
     cyclic = {}
@@ -76,15 +76,10 @@ def poisson_plan(config, train, first_step=0):
         # cycles, and the resumes, at a multiple of b, keep the cycle).
         cyclic = dict(groups=bands, group_offset=first_step)
     if isinstance(train, record_sources.RecordSource):
-        if bands > 1:
-            raise ValueError(
-                f"Expected --noise_bands=1 with a random-access data source,"
-                f" got {bands}: cyclic Poisson batches (correlated noise)"
-                " need in-memory data.")
         num_examples = len(train)
         make_batches = functools.partial(
             tf_dpadam.data.poisson_batches_from_source, train.source,
-            decode=train.decode)
+            decode=train.decode, **cyclic)
     else:
         num_examples = len(train[1])
         make_batches = functools.partial(tf_dpadam.data.poisson_batches,

@@ -185,12 +185,21 @@ class NoiseBandsTrainingTest(absltest.TestCase):
         self.assertEqual(runs.execute(model_dir, config, train_fn=None,
                                       **kwargs), record)
 
-    def test_random_access_sources_are_refused(self):
+    def test_random_access_sources_train_cyclic_batches(self):
+        # A --data_source run reads its cyclic Poisson batches by random
+        # access: the same steps, rounds and epsilon as from arrays.
+        x, y = _tiny_data()
         source = training.record_sources.RecordSource(
-            list(range(_N)), lambda records: records)
-        with self.assertRaisesRegex(training.SettingsError, "--noise_bands"):
-            training.fit_private(_tiny_model, source, _tiny_data(),
-                                 _config(), _LOSS)
+            list(range(_N)), lambda records: (x[records], y[records]))
+        model, batches, results = training.train_private(
+            _tiny_model, source, (x, y), _config(), _LOSS, verbose=0)
+        self.assertEqual(results["steps"], 8)
+        self.assertEqual(batches.steps_per_epoch, 4)
+        self.assertEqual({s.mechanism.bands
+                          for s in model.privacy_ledger.segments}, {4})
+        self.assertAlmostEqual(results["epsilon"], common.steps_epsilon(
+            steps=8, num_examples=_N, batch_size=_B, noise_multiplier=1.0,
+            delta=1e-5, noise_bands=4), places=9)
 
 
 class NoiseBandsPlumbingTest(absltest.TestCase):

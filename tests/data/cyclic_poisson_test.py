@@ -1,4 +1,5 @@
-"""Cyclic Poisson batches: `data.poisson_batches(..., groups=b)`.
+"""Cyclic Poisson batches: `data.poisson_batches(..., groups=b)` and
+`data.poisson_batches_from_source(..., groups=b)` (random access).
 
 Example i is in group i mod b; logical step j (counted on across passes)
 samples only group (group_offset + j) mod b, at q = min(1, b B / N)
@@ -32,15 +33,30 @@ def _steps(batches, passes=1):
     return steps
 
 
+def _from_source(test, data, **kwargs):
+    """`poisson_batches_from_source` of the records of `data` = (x, y),
+    with an explicit seed, which must warn."""
+    x, y = data
+    with test.assertWarnsRegex(UserWarning, "explicit seed"):
+        return dp_data.poisson_batches_from_source(
+            [(x[i], y[i]) for i in range(len(y))], **kwargs)
+
+
+_PIPELINES = {"in_memory": helpers.seeded_poisson_batches,
+              "from_source": _from_source}
+
+
 class CyclicPoissonTest(parameterized.TestCase):
 
-    @parameterized.named_parameters(
-        ("one_batch_a_step", None, 0), ("accumulated", 8, 2),
-        ("large_offset", 8, 7))
+    @parameterized.product(
+        (dict(physical_batch_size=None, offset=0),
+         dict(physical_batch_size=8, offset=2),
+         dict(physical_batch_size=8, offset=7)),
+        pipeline=tuple(_PIPELINES))
     def test_each_step_samples_the_next_group_across_passes(
-            self, physical_batch_size, offset):
+            self, physical_batch_size, offset, pipeline):
         n, batch, groups = 130, 10, 3
-        batches = helpers.seeded_poisson_batches(
+        batches = _PIPELINES[pipeline](
             self, helpers.indexed_data(n), expected_batch_size=batch,
             physical_batch_size=physical_batch_size, groups=groups,
             group_offset=offset, seed=11)
@@ -72,10 +88,13 @@ class CyclicPoissonTest(parameterized.TestCase):
         for j, rows in enumerate(steps):
             np.testing.assert_array_equal(rows % 4, j % 4)
 
-    def test_inclusion_frequency_is_q_in_the_groups_steps(self):
-        n, batch, groups = 64, 4, 4
-        q = groups * batch / n  # 0.25
-        batches = helpers.seeded_poisson_batches(
+    @parameterized.parameters(*_PIPELINES)
+    def test_inclusion_frequency_is_q_in_the_groups_steps(self, pipeline):
+        # 66 = 4 * 16 + 2: groups of 17, 17, 16 and 16 examples (a group
+        # whose last example is never read would be far outside the bound).
+        n, batch, groups = 66, 4, 4
+        q = groups * batch / n  # 0.242
+        batches = _PIPELINES[pipeline](
             self, helpers.indexed_data(n), expected_batch_size=batch,
             steps_per_epoch=400, groups=groups, seed=5)
         self.assertEqual(batches.sampling_rate, q)
@@ -109,9 +128,10 @@ class CyclicPoissonTest(parameterized.TestCase):
                 np.testing.assert_array_equal(a, b)
         self.assertEqual(sampling.poisson_plan_of(one.dataset).groups, 1)
 
-    def test_capacity_rate_and_plan_are_the_groups(self):
+    @parameterized.parameters(*_PIPELINES)
+    def test_capacity_rate_and_plan_are_the_groups(self, pipeline):
         n, batch, groups, physical = 400, 20, 5, 8
-        batches = helpers.seeded_poisson_batches(
+        batches = _PIPELINES[pipeline](
             self, helpers.indexed_data(n), expected_batch_size=batch,
             physical_batch_size=physical, groups=groups, seed=2)
         q = groups * batch / n
@@ -155,13 +175,18 @@ class CyclicPoissonTest(parameterized.TestCase):
     )
     def test_bad_arguments(self, kwargs, name):
         # N = 100, B = 10: at most 10 groups.
+        x, y = helpers.indexed_data(100)
         with self.assertRaisesRegex(ValueError, name):
-            dp_data.poisson_batches(helpers.indexed_data(100),
-                                    expected_batch_size=10, **kwargs)
+            dp_data.poisson_batches((x, y), expected_batch_size=10, **kwargs)
+        with self.assertRaisesRegex(ValueError, name):
+            dp_data.poisson_batches_from_source(
+                [(x[i], y[i]) for i in range(100)], expected_batch_size=10,
+                **kwargs)
 
-    def test_ten_groups_of_ten_sample_every_group_whole(self):
+    @parameterized.parameters(*_PIPELINES)
+    def test_ten_groups_of_ten_sample_every_group_whole(self, pipeline):
         # g B = N: q = 1, each step is its whole group.
-        batches = helpers.seeded_poisson_batches(
+        batches = _PIPELINES[pipeline](
             self, helpers.indexed_data(100), expected_batch_size=10, groups=10,
             seed=1)
         self.assertEqual(batches.sampling_rate, 1.0)

@@ -356,6 +356,28 @@ class CorrelatedNoiseFitTest(parameterized.TestCase):
                 group_offset=draws + 1).dataset, verbose=0)
 
     @pytest.mark.slow
+    def test_cyclic_batches_read_from_a_source_train(self):
+        # Data larger than memory: random-access reads of cyclic Poisson
+        # batches (`poisson_batches_from_source(..., groups=b)`).
+        model = _zero_gradient_model()
+        _compile(model, 4)
+        x, y = _data()
+        source = [(x[i], y[i]) for i in range(N)]
+        draws = model.noise_history.draws_for(
+            model.optimizer.noise_strategy, [(IN, OUT)])
+        batches = tf_dpadam.data.poisson_batches_from_source(
+            source, expected_batch_size=B, groups=4, group_offset=draws)
+        model.fit(batches.dataset, verbose=0)
+        self.assertEqual(model.noise_history.draws, N // B)
+        segment, = model.privacy_ledger.segments
+        self.assertEqual((segment.mechanism.bands,
+                          segment.mechanism.sampling_rate), (4, 4 * B / N))
+        with self.assertRaisesRegex(ValueError, "group_offset"):
+            model.fit(tf_dpadam.data.poisson_batches_from_source(
+                source, expected_batch_size=B, groups=4,
+                group_offset=1).dataset, verbose=0)
+
+    @pytest.mark.slow
     def test_history_is_never_saved_with_the_model(self):
         model = _zero_gradient_model()
         _compile(model, 4)

@@ -157,6 +157,8 @@ def poisson_batches_from_source(
     pad_to_multiple_of: int | None = None,
     num_parallel_reads: int = tf.data.AUTOTUNE,
     first_step: int = 0,
+    groups: int = 1,
+    group_offset: int = 0,
 ) -> sampling.PoissonBatches:
     """Poisson-sampled batches read by random access, for data on disk.
 
@@ -212,6 +214,14 @@ def poisson_batches_from_source(
         num_parallel_reads: steps read concurrently (`tf.data.AUTOTUNE` by
             default); 1 for a source that is not safe to read from several
             threads.
+        groups, group_offset: cyclic Poisson sampling over g = `groups`
+            groups, as for `poisson_batches` (banded correlated noise):
+            record i is in group i mod g and step j of the stream samples
+            group (group_offset + j) mod g, each of its records with
+            probability q = min(1, g B / N): a `poisson_subset` of the
+            group's ceil((N - group) / g) records, read as i = group +
+            g * (its index in the group). 1 (default): the batches of
+            plain Poisson sampling, unchanged.
 
     Returns:
         A `PoissonBatches`.
@@ -221,6 +231,9 @@ def poisson_batches_from_source(
             `decode` does not return one row per record.
     """
     sampling.nonce_seed2(first_step)  # Checks it.
+    validation.check(
+        validation.is_int(group_offset) and group_offset >= 0,
+        "group_offset", group_offset, "to be an int >= 0")
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
         raise ValueError(
             f"Expected source={source!r} to have __len__ and __getitem__."
@@ -234,7 +247,8 @@ def poisson_batches_from_source(
     num_examples = len(source)
     layout = sampling.make_layout(
         num_examples, expected_batch_size, physical_batch_size,
-        steps_per_epoch, max_overflow_probability, pad_to_multiple_of)
+        steps_per_epoch, max_overflow_probability, pad_to_multiple_of,
+        groups)
     if decode is None:
         decode = stack_records
     # One record, read outside every step, shows the dtypes and shapes.
@@ -246,8 +260,21 @@ def poisson_batches_from_source(
     key = sampling.resolve_key(seed, "poisson_batches_from_source")
     q = layout.sampling_rate
 
-    def read_step(nonce):
-        indices = poisson_subset(num_examples, q, step_generator(key, nonce))
+    offset = int(group_offset) % groups
+
+    def sample(step_and_nonce):
+        """The sorted indices step j = `step_and_nonce[0]` (within its
+        pass) samples, from its generator (of `step_and_nonce[1]`)."""
+        step, nonce = (int(v) for v in step_and_nonce)
+        rng = step_generator(key, nonce)
+        if groups == 1:
+            return poisson_subset(num_examples, q, rng)
+        group = (step + offset) % groups
+        members = (num_examples - group + groups - 1) // groups
+        return group + groups * poisson_subset(members, q, rng)
+
+    def read_step(step_and_nonce):
+        indices = sample(step_and_nonce)
         if len(indices) == 0:
             return [np.zeros([0, *s.shape[1:]], s.dtype.as_numpy_dtype)
                     for s in flat_specs]
@@ -263,10 +290,11 @@ def poisson_batches_from_source(
                 )
         return flat
 
-    def sample_step(nonce):
-        rows = sampling.numpy_rows(read_step, nonce, specs)
+    def sample_step(step, nonce):
+        rows = sampling.numpy_rows(read_step, tf.stack([step, nonce]), specs)
         size = tf.shape(tf.nest.flatten(rows)[0])[0]
         return sampling.pad_and_split(rows, size, layout)
 
     return sampling.pipeline(sample_step, layout, num_parallel_reads,
-                     first_step=first_step)
+                             first_step=first_step, step_index=True,
+                             group_offset=offset)
