@@ -112,9 +112,10 @@ def noise_free_weights(replicas, batch_size, unclipped_sgd=False,
     return weights
 
 
-def noise_update(replicas, units, sigma, clip, batch, batch_size,
-                 accumulation_steps=None):
-    """The update of one logical step on zero gradients: the noise alone."""
+def _zero_gradient_model(replicas, units, seed, **optimizer_kwargs):
+    """`(private model, its base)`: a units x units kernel of zeros without
+    bias, compiled with DPSGD at learning rate 1 and `optimizer_kwargs`;
+    on zero inputs its updates are the noise alone."""
     with _strategy(replicas).scope():
         base = keras.Sequential([
             keras.Input((units,)),
@@ -122,16 +123,20 @@ def noise_update(replicas, units, sigma, clip, batch, batch_size,
                                kernel_initializer="zeros"),
         ])
         # No guard: with every row zero it could not check a batch.
-        model = tf_dpadam.make_private(base, seed=3,
+        model = tf_dpadam.make_private(base, seed=seed,
                                        check_independence=False)
-        model.compile(
-            optimizer=tf_dpadam.DPSGD(
-                l2_norm_clip=clip, noise_multiplier=sigma, learning_rate=1.0,
-                batch_size=batch_size,
-                gradient_accumulation_steps=accumulation_steps,
-            ),
-            loss="mse",
-        )
+        model.compile(optimizer=tf_dpadam.DPSGD(learning_rate=1.0,
+                                                **optimizer_kwargs),
+                      loss="mse")
+    return model, base
+
+
+def noise_update(replicas, units, sigma, clip, batch, batch_size,
+                 accumulation_steps=None):
+    """The update of one logical step on zero gradients: the noise alone."""
+    model, base = _zero_gradient_model(
+        replicas, units, 3, l2_norm_clip=clip, noise_multiplier=sigma,
+        batch_size=batch_size, gradient_accumulation_steps=accumulation_steps)
     x = np.zeros((batch, units), "float32")
     model.fit(x, x, batch_size=batch // (accumulation_steps or 1), verbose=0,
               sampling="shuffled")
@@ -160,20 +165,10 @@ def banded_noise_covariance(replicas, bands, accumulation_steps=1):
     coordinates (each step's noise w_t / (sigma C), unit variance per
     independent draw), for the test to compare with M^-1 M^-T."""
     units, batch, examples = 320, 8, 128
-    with _strategy(replicas).scope():
-        base = keras.Sequential([
-            keras.Input((units,)),
-            keras.layers.Dense(units, use_bias=False,
-                               kernel_initializer="zeros"),
-        ])
-        model = tf_dpadam.make_private(base, seed=4,
-                                       check_independence=False)
-        model.compile(
-            optimizer=tf_dpadam.DPSGD(
-                l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=1.0,
-                batch_size=batch, noise_strategy=bands,
-                gradient_accumulation_steps=accumulation_steps),
-            loss="mse")
+    model, _ = _zero_gradient_model(
+        replicas, units, 4, l2_norm_clip=1.0, noise_multiplier=1.0,
+        batch_size=batch, noise_strategy=bands,
+        gradient_accumulation_steps=accumulation_steps)
     x = np.zeros((examples, units), "float32")
     record = _WeightsAfterEachStep(accumulation_steps)
     model.fit(x, x, verbose=0, callbacks=[record])  # Cyclic Poisson.
