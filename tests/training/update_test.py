@@ -1,5 +1,7 @@
 """Phases 3 to 5 (`tf_dpadam.training.update`): noise once, scale, apply."""
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -8,6 +10,7 @@ from absl.testing import absltest
 import tf_dpadam
 from tf_dpadam.training import hooks as step_hooks
 from tf_dpadam.common import seeds
+from tf_dpadam.training import noise_history
 from tf_dpadam.training import update
 
 
@@ -88,6 +91,25 @@ class UpdateTest(absltest.TestCase):
         self.assertEqual(update.clip_norm(optimizer, ()), 1.5)
         self.assertEqual(update.clip_norm(optimizer, (Double(), Double())),
                          6.0)
+
+
+class CorrelatedNoiseTest(absltest.TestCase):
+
+    def test_replicas_of_one_worker_take_it_several_workers_not(self):
+        optimizer = _sgd(noise_multiplier=1.0, noise_strategy=2)
+        step = update.Update(optimizer, [], seeds.NoiseSeeds(0),
+                             noise_history=noise_history.NoiseHistory())
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        with strategy.scope():
+            self.assertIs(update.CorrelatedNoise.of(step).strategy,
+                          optimizer.noise_strategy)
+            with mock.patch.object(update.sharding,
+                                   "workers_and_local_replicas",
+                                   return_value=(2, 1)):
+                with self.assertRaisesRegex(
+                        ValueError, "noise_strategy with 1 band with"
+                        " several tf.distribute workers, got 2 bands"):
+                    update.CorrelatedNoise.of(step)
 
 
 if __name__ == "__main__":
