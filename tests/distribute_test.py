@@ -101,7 +101,9 @@ class DistributeTest(absltest.TestCase):
 
     def test_correlated_noise_on_replicas_has_the_strategys_covariance(self):
         # 16 steps of b = 4 bands (the banded inverse square root) on 4
-        # replicas, without and with accumulation (k = 2): the measured
+        # replicas, without accumulation (a model that fit builds: its
+        # history once failed to be made in a replica's step) and with it
+        # (k = 2): the measured
         # T x T covariance of the noise over 102,400 coordinates equals
         # M^-1 M^-T within 6 standard errors of each entry. A history that
         # each replica wrote (plain variables) counted 64 draws and was off
