@@ -303,6 +303,7 @@ class LocalBatchSymbolicBuild:
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if self._distribute_strategy is None:
             self._symbolic_build_on_one_device(iterator, data_batch)
+            self.after_symbolic_build()
             return None
         if iterator is not None and self._distribute_strategy is not None:
             strategy = self._distribute_strategy
@@ -313,9 +314,16 @@ class LocalBatchSymbolicBuild:
                 )
                 break
             iterator = None
-        return super()._maybe_symbolic_build(
+        result = super()._maybe_symbolic_build(
             iterator=iterator, data_batch=data_batch
         )
+        self.after_symbolic_build()
+        return result
+
+    def after_symbolic_build(self) -> None:
+        """Called once the model is built before a step's first trace (or
+        not, if it cannot be built so: `self.built` says); subclasses make
+        here what a step's trace cannot (none by default)."""
 
     def _symbolic_build_on_one_device(self, iterator, data_batch) -> None:
         unbuilt = [

@@ -201,20 +201,17 @@ class PrivateModel(compat.LocalBatchSymbolicBuild, model_ledger.LedgerMixin,
             noise_history=self._noise_history.value,
         )
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Correlated noise: its history is made as soon as the model is
-        # built, before the step's first trace, where a replica's step of
-        # tf.distribute could not make it (`NoiseHistory.draws_for`; `fit`
-        # aligned its batches with the same count).
-        result = super()._maybe_symbolic_build(iterator=iterator,
-                                               data_batch=data_batch)
+    def after_symbolic_build(self) -> None:
+        """Correlated noise: its history is made as soon as the model is
+        built, before the step's first trace, where a replica's step of
+        tf.distribute could not make it (`NoiseHistory.draws_for`; `fit`
+        aligned its batches with the same count)."""
         optimizer = getattr(self, "optimizer", None)
         if self.built and getattr(optimizer, "noise_bands", 1) > 1:
             self.noise_history.draws_for(
                 optimizer.noise_strategy,
                 [v.shape for v in self.trainable_variables],
                 self.distribute_strategy)
-        return result
 
     @property
     def noise_history(self):
