@@ -76,7 +76,7 @@ class NoiseHistory:
             return 0
         if shapes is None:
             return self.draws if self.strategy in (None, strategy) else 0
-        self.state(strategy, shapes)
+        self._make(strategy, shapes)
         return self.draws
 
     def state(self, strategy, shapes) -> correlated_noise.NoiseState:
@@ -87,6 +87,15 @@ class NoiseHistory:
         Raises:
             ValueError: a restored state has another strategy.
         """
+        self._make(strategy, shapes)
+        history, impulse, variance, draws = self._variables
+        return correlated_noise.NoiseState(
+            tuple(h.read_value() for h in history), impulse.read_value(),
+            variance.read_value(), draws.read_value())
+
+    def _make(self, strategy, shapes):
+        """Makes the variables for `strategy` and `shapes` unless they are
+        (with a restored state's values, `restore`), reading none."""
         shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
         pending = self._pending
         if pending is not None and pending["strategy"] != strategy:
@@ -111,10 +120,6 @@ class NoiseHistory:
                     self._assign_numpy(pending, shapes)
             self.strategy, self._shapes = strategy, shapes
         self._pending = None
-        history, impulse, variance, draws = self._variables
-        return correlated_noise.NoiseState(
-            tuple(h.read_value() for h in history), impulse.read_value(),
-            variance.read_value(), draws.read_value())
 
     def _new_variable(self, value):
         """A variable of the history. Under `tf.distribute` replicas, one
