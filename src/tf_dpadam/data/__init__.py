@@ -76,7 +76,6 @@ share, the step layout, key, nonces, padding and splitting, is in
 import numpy as np
 import tensorflow as tf
 
-from tf_dpadam.common import validation
 from tf_dpadam.data import sampling
 # `tf_dpadam.data` is where users import every sampler from.
 from tf_dpadam.data.source import poisson_batches_from_source
@@ -171,9 +170,7 @@ def poisson_batches(
         ValueError: on arguments out of range (including `seed`).
     """
     sampling.nonce_seed2(first_step)  # Checks it.
-    validation.check(
-        validation.is_int(group_offset) and group_offset >= 0,
-        "group_offset", group_offset, "to be an int >= 0")
+    sampling.check_group_offset(group_offset)
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
         raise ValueError("Expected data=(x, y) or (x, y, sample_weight).")
     data = tuple(tf.nest.map_structure(np.asarray, item) for item in data)

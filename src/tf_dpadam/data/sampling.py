@@ -203,6 +203,13 @@ def check_groups(groups, num_examples, expected_batch_size):
         f" groups * {expected_batch_size} / {num_examples} at most 1)")
 
 
+def check_group_offset(group_offset):
+    """The group of a cyclic Poisson stream's step 0: an int >= 0."""
+    validation.check(
+        validation.is_int(group_offset) and group_offset >= 0,
+        "group_offset", group_offset, "to be an int >= 0")
+
+
 def make_layout(num_examples, expected_batch_size, physical_batch_size,
             steps_per_epoch, max_overflow_probability, pad_to_multiple_of,
             groups=1):

@@ -231,9 +231,7 @@ def poisson_batches_from_source(
             `decode` does not return one row per record.
     """
     sampling.nonce_seed2(first_step)  # Checks it.
-    validation.check(
-        validation.is_int(group_offset) and group_offset >= 0,
-        "group_offset", group_offset, "to be an int >= 0")
+    sampling.check_group_offset(group_offset)
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
         raise ValueError(
             f"Expected source={source!r} to have __len__ and __getitem__."
