@@ -17,6 +17,8 @@ from absl.testing import absltest
 
 from tf_dpadam.privatizer import correlated_noise
 
+import helpers
+
 pytestmark = pytest.mark.slow  # A subprocess with four replicas.
 
 _REPLICAS = 4
@@ -115,18 +117,10 @@ class DistributeTest(absltest.TestCase):
             result = self.result[key]
             self.assertEqual(result["ledger_bands"], [4])
             measured = np.array(result["covariance"])
-            self.assertLess(_standard_errors(measured, inverse @ inverse.T,
-                                             result["size"]), 6.0)
-            self.assertGreater(_standard_errors(measured, independent,
-                                                result["size"]), 6.0)
-
-
-def _standard_errors(measured, expected, size):
-    """The largest |measured - expected| of a covariance estimated from
-    `size` coordinates, in standard errors of its entry."""
-    diagonal = np.diag(expected)
-    error = np.sqrt((np.outer(diagonal, diagonal) + expected**2) / size)
-    return float(np.max(np.abs(measured - expected) / error))
+            self.assertLess(helpers.covariance_standard_errors(
+                measured, inverse @ inverse.T, result["size"]), 6.0)
+            self.assertGreater(helpers.covariance_standard_errors(
+                measured, independent, result["size"]), 6.0)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,16 @@ def reference_accountant(name):
         list(tf_dpadam.accounting.RDP_ORDERS), adjacency)
 
 
+def covariance_standard_errors(measured, expected, size):
+    """The largest |measured - expected| over the entries of a covariance
+    matrix estimated from `size` independent coordinates, in standard
+    errors of each entry's estimate, sqrt((S_ss S_tt + S_st^2) / size)
+    around the expected S."""
+    diagonal = np.diag(expected)
+    error = np.sqrt((np.outer(diagonal, diagonal) + expected**2) / size)
+    return float(np.max(np.abs(measured - expected) / error))
+
+
 def seeded_poisson_batches(test, data, **kwargs):
     """`tf_dpadam.data.poisson_batches` with an explicit seed, which must
     warn."""

@@ -30,6 +30,8 @@ from tf_dpadam.optimizers import scale_then_privatize
 from tf_dpadam.privatizer import correlated_noise
 from tf_dpadam.tools import run_dir
 
+import helpers
+
 SIGMA, CLIP, B, N = 1.0, 1.0, 8, 128
 IN, OUT = 1000, 100  # 100k weights: each step's noise has 100k coordinates.
 
@@ -128,11 +130,8 @@ def _check_covariance(test, noise, strategy, block_at=None):
         inverse[block_at:, :block_at] = 0
         inverse[block_at:, block_at:] = np.linalg.inv(
             strategy.matrix(steps - block_at))
-    expected = inverse @ inverse.T
-    measured = noise @ noise.T / d
-    diagonal = np.diag(expected)
-    error = np.sqrt((np.outer(diagonal, diagonal) + expected**2) / d)
-    worst = np.max(np.abs(measured - expected) / error)
+    worst = helpers.covariance_standard_errors(
+        noise @ noise.T / d, inverse @ inverse.T, d)
     test.assertLess(worst, 6.0, f"covariance off by {worst:.1f} std errors")
 
 
